@@ -28,10 +28,16 @@ app = typer.Typer(
 )
 bench_app = typer.Typer(help="Benchmarks that print ratios against a baseline run alongside.")
 app.add_typer(bench_app, name="bench")
+train_app = typer.Typer(help="Train the models edgestream ships (on this CPU).")
+app.add_typer(train_app, name="train")
+asr_app = typer.Typer(help="Speech recognition data and tools.")
+app.add_typer(asr_app, name="asr")
+numerics_app = typer.Typer(help="Low-precision numerics: pre-normalizers, float16-safe ops.")
+app.add_typer(numerics_app, name="numerics")
 
 stderr = Console(stderr=True, highlight=False)
 
-METHODS = ("ar",)
+METHODS = ("ar", "ss")
 
 
 def user_errors(command: Callable[P, R]) -> Callable[P, R]:
@@ -102,11 +108,15 @@ def generate(
     seed: Annotated[int | None, typer.Option(help="Random seed for sampling.")] = None,
     dtype: Annotated[str, typer.Option(help="float32 or bfloat16.")] = "float32",
     threads: Annotated[int | None, typer.Option(help="CPU threads (default: PyTorch's).")] = None,
+    streams: Annotated[
+        Path | None, typer.Option(help="Stream weights for --method ss (default: bundled).")
+    ] = None,
     json_output: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
 ) -> None:
     """Generate a reply to PROMPT and report its speed."""
-    from edgestream.llm.engine import Sampling, generate_ar
+    from edgestream.llm.engine import Sampling
     from edgestream.llm.loading import load_language_model, parse_dtype
+    from edgestream.llm.methods import MethodOptions, make_decoder
 
     if method not in METHODS:
         raise ValueError(f"unknown method {method!r}: expected one of {', '.join(METHODS)}")
@@ -120,9 +130,10 @@ def generate(
     _quiet_libraries()
 
     lm = load_language_model(model, dtype)
+    decode = make_decoder(method, lm, MethodOptions(sampling=sampling, streams_path=streams))
     prompt_ids = lm.encode_prompt(prompt, chat)
     streamer = None if json_output else _TextStreamer(lm.decode)
-    result = generate_ar(lm.model, prompt_ids, max_new_tokens, lm.stop_ids, sampling, streamer)
+    result = decode(prompt_ids, max_new_tokens, streamer)
     text = lm.decode(result.token_ids)
     if json_output:
         record = {
@@ -221,6 +232,247 @@ def bench_generate_command(
         f"median of {repeats}, prefill included; torch {setup['torch']}, "
         f"transformers {setup['transformers']}[/dim]"
     )
+    if json_path is not None:
+        json_path.parent.mkdir(parents=True, exist_ok=True)
+        json_path.write_text(json.dumps(report, indent=2) + "\n")
+
+
+def _split_methods(methods: str) -> list[str]:
+    names = [m.strip() for m in methods.split(",") if m.strip()]
+    unknown = [m for m in names if m not in METHODS]
+    if unknown or not names:
+        raise ValueError(
+            f"unknown method(s) {unknown or methods!r}: expected from {', '.join(METHODS)}"
+        )
+    return names if "ar" in names else ["ar", *names]
+
+
+@bench_app.command("spec")
+@user_errors
+def bench_spec_command(
+    prompts: Annotated[
+        Path | None, typer.Option(help="Spec-Bench question file (JSON Lines).")
+    ] = None,
+    suite: Annotated[str | None, typer.Option(help="'tasks': held-back task test prompts.")] = None,
+    methods: Annotated[
+        str, typer.Option(help="Comma-separated methods; ar is always run.")
+    ] = "ar,ss",
+    model: Annotated[str, typer.Option(help="Model name (smollm2) or local path.")] = "smollm2",
+    max_new_tokens: Annotated[int, typer.Option(help="Upper bound on new tokens per turn.")] = 128,
+    limit: Annotated[int, typer.Option(help="Prompts per category (suite) or in all (file).")] = 10,
+    dtype: Annotated[str, typer.Option(help="float32 or bfloat16.")] = "float32",
+    threads: Annotated[int, typer.Option(help="CPU threads.")] = 2,
+    streams: Annotated[Path | None, typer.Option(help="Stream weights for ss.")] = None,
+    data: Annotated[
+        Path | None, typer.Option(help="Shared data folder (for --suite tasks).")
+    ] = None,
+    json_path: Annotated[Path | None, typer.Option("--json", help="Also write JSON here.")] = None,
+) -> None:
+    """Speculative decoding methods vs AR: speedup, accepted tokens, exact match, per category."""
+    from rich.progress import Progress
+    from rich.table import Table
+
+    from edgestream.bench.spec import bench_spec, read_spec_prompts, task_suite
+    from edgestream.llm.loading import load_language_model, parse_dtype
+    from edgestream.llm.methods import MethodOptions, make_decoder
+
+    names = _split_methods(methods)
+    parse_dtype(dtype)
+    if (prompts is None) == (suite is None):
+        raise ValueError("give exactly one of --prompts FILE or --suite tasks")
+    if suite is not None and suite != "tasks":
+        raise ValueError(f"unknown suite {suite!r}: expected 'tasks'")
+    if limit < 1 or max_new_tokens < 1:
+        raise ValueError("--limit and --max-new-tokens must be at least 1")
+    questions = read_spec_prompts(prompts)[:limit] if prompts else task_suite(limit, data)
+    _set_threads(threads)
+    _quiet_libraries()
+    lm = load_language_model(model, dtype)
+    options = MethodOptions(streams_path=streams)
+    decoders = {name: make_decoder(name, lm, options) for name in names}
+    with Progress(console=stderr, transient=True) as bar:
+        task = bar.add_task("decoding", total=len(questions))
+        report = bench_spec(
+            lm,
+            decoders,
+            questions,
+            max_new_tokens,
+            threads,
+            lambda done, _total: bar.update(task, completed=done),
+        )
+    table = Table(title=f"{model}, {dtype}, {threads} threads, <= {max_new_tokens} new tokens")
+    for column in ("method", "category", "tok/s", "speedup", "accepted/pass", "calls", "exact"):
+        table.add_column(column, justify="right")
+    for name, result in report["methods"].items():
+        rows = [("overall", result["overall"]), *sorted(result["categories"].items())]
+        for category, st in rows:
+            table.add_row(
+                name,
+                category,
+                f"{st['tokens_per_second']:.1f}",
+                f"{st['speedup']:.2f}x",
+                f"{st['mean_accepted']:.2f}",
+                f"{st['call_reduction']:.2f}x",
+                f"{st['exact_match_vs_ar']:.2f}",
+            )
+        table.add_section()
+    Console().print(table)
+    if json_path is not None:
+        json_path.parent.mkdir(parents=True, exist_ok=True)
+        json_path.write_text(json.dumps(report, indent=2) + "\n")
+
+
+@train_app.command("streams")
+@user_errors
+def train_streams_command(
+    mode: Annotated[str, typer.Option(help="lossless (base frozen).")] = "lossless",
+    model: Annotated[str, typer.Option(help="Model name (smollm2) or local path.")] = "smollm2",
+    data: Annotated[Path | None, typer.Option(help="Shared data folder.")] = None,
+    prompts: Annotated[
+        Path | None, typer.Option(help="Text file of prompts, one per line (instead of tasks).")
+    ] = None,
+    out: Annotated[Path, typer.Option(help="Run folder: distilled data, checkpoints.")] = Path(
+        "runs/streams-lossless"
+    ),
+    export: Annotated[Path | None, typer.Option(help="Write final stream weights here.")] = None,
+    prompts_per_task: Annotated[int, typer.Option(help="Distillation prompts per task.")] = 300,
+    max_new_tokens: Annotated[int, typer.Option(help="Distilled answer length.")] = 128,
+    streams: Annotated[int, typer.Option(help="gamma: speculative streams.")] = 4,
+    stream_layers: Annotated[int, typer.Option(help="N_s: MSA layers at the top.")] = 4,
+    capture_layers: Annotated[
+        int, typer.Option(help="Top layers re-run in training (>= N_s); fixes the distilled data.")
+    ] = 10,
+    adapter_rank: Annotated[
+        int, typer.Option(help="Stream adapter rank (0: embeddings only).")
+    ] = 16,
+    steps: Annotated[int, typer.Option(help="Optimizer steps.")] = 2000,
+    batch: Annotated[int, typer.Option(help="Sequences per step (per process).")] = 8,
+    positions: Annotated[int, typer.Option(help="Trained positions per sequence.")] = 48,
+    lr: Annotated[float, typer.Option(help="Peak learning rate.")] = 2e-3,
+    threads: Annotated[int | None, typer.Option(help="CPU threads per process.")] = None,
+) -> None:
+    """Distil the base model's own answers, then train the speculative streams on them."""
+    import time
+
+    from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+
+    from edgestream.llm.distill import distill, load_shards
+    from edgestream.llm.loading import load_language_model
+    from edgestream.llm.msa import StreamConfig, save_streams
+    from edgestream.llm.tasks import TaskPrompt, task_mix
+    from edgestream.llm.train import TrainConfig, distributed_context, train_streams
+
+    if mode != "lossless":
+        raise ValueError(f"unknown mode {mode!r}: only 'lossless' is implemented so far")
+    stream_config = StreamConfig(streams, stream_layers, adapter_rank)
+    config = TrainConfig(
+        steps=steps, batch_sequences=batch, positions_per_sequence=positions, lr=lr
+    )
+    if not stream_layers <= capture_layers:
+        raise ValueError(f"--capture-layers ({capture_layers}) must be >= --stream-layers")
+    if prompts is not None:
+        lines = _read_prompts(prompts)
+        train_prompts = [TaskPrompt("custom", str(i), line) for i, line in enumerate(lines)]
+    else:
+        train_prompts = task_mix("train", prompts_per_task, data)
+    _set_threads(threads)
+    _quiet_libraries()
+    rank, world = distributed_context()
+    # The frozen base runs in bfloat16 for data and training: ~2x faster here, and streams
+    # trained so serve float32 decoding equally (argmax agreement, measured in the bench).
+    lm = load_language_model(model, "bfloat16")
+    captured_at = lm.model.config.n_layers - capture_layers
+    columns = (
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TextColumn("{task.fields[info]}"),
+        TimeRemainingColumn(),
+    )
+    started = time.time()
+    with Progress(*columns, console=stderr, disable=rank != 0) as bar:
+        task = bar.add_task("distilling", total=None, info="")
+        shards = distill(
+            lm,
+            train_prompts,
+            out / f"distill-at-{captured_at}",
+            captured_at,
+            max_new_tokens,
+            progress=lambda i, n: bar.update(task, completed=i, total=n),
+            rank=rank,
+            world=world,
+        )
+        if world > 1:
+            import torch.distributed as dist
+
+            dist.barrier()  # every rank's shards are written
+        records = load_shards(shards)
+        base = load_language_model(model, "bfloat16", pack=False).model  # packed has no backward
+        task = bar.add_task("training", total=config.steps, info="")
+
+        def report(step: int, loss: float, accuracy: list[float]) -> None:
+            acc = " ".join(f"{a:.2f}" for a in accuracy)
+            bar.update(task, completed=step, info=f"loss {loss:.3f}  top-1 per stream {acc}")
+
+        trained = train_streams(
+            base, records, captured_at, stream_config, config, out, model, report
+        )
+    if rank != 0:
+        return
+    info = {
+        "model": model,
+        "mode": mode,
+        "sequences": len(records),
+        "processes": world,
+        "train_config": config.__dict__,
+        "wall_seconds": round(time.time() - started),
+    }
+    target = export or out / "streams.safetensors"
+    save_streams(trained, target, info)
+    stderr.print(f"stream weights: {target} ({trained.extra_parameters():,} parameters)")
+
+
+@asr_app.command("synth")
+@user_errors
+def asr_synth_command(
+    out: Annotated[Path, typer.Option(help="Corpus folder (resumed if it exists).")],
+    hours: Annotated[float, typer.Option(help="Hours of audio to synthesise.")] = 1.0,
+    data: Annotated[Path | None, typer.Option(help="Shared data folder (sentence source).")] = None,
+    seed: Annotated[int, typer.Option(help="Random seed (the corpus is deterministic).")] = 0,
+    workers: Annotated[int, typer.Option(help="Parallel synthesis processes.")] = 2,
+) -> None:
+    """Synthesise a speech corpus (16 kHz WAV + JSON Lines manifests) from TTS voices."""
+    from rich.progress import Progress
+
+    from edgestream.asr.synth import synthesize_corpus
+
+    if hours <= 0:
+        raise ValueError(f"--hours must be positive, got {hours}")
+    with Progress(console=stderr) as bar:
+        task = bar.add_task("synthesising", total=None)
+        summary = synthesize_corpus(
+            out,
+            hours,
+            data,
+            seed,
+            workers,
+            progress=lambda done, total: bar.update(task, completed=done, total=total),
+        )
+    for split, groups in summary.seconds.items():
+        detail = ", ".join(f"{g} {sec / 3600:.2f} h" for g, sec in sorted(groups.items()))
+        stderr.print(f"{split}: {summary.manifests[split]} ({detail})")
+
+
+@numerics_app.command("report")
+@user_errors
+def numerics_report_command(
+    json_path: Annotated[Path | None, typer.Option("--json", help="Also write JSON here.")] = None,
+    seed: Annotated[int, typer.Option(help="Seed of the adversarial suite.")] = 0,
+) -> None:
+    """Overflow rate and relative error per format and pre-normalizer on adversarial inputs."""
+    from edgestream.numerics.report import numerics_report, report_table
+
+    report = numerics_report(seed=seed)
+    Console().print(report_table(report))
     if json_path is not None:
         json_path.parent.mkdir(parents=True, exist_ok=True)
         json_path.write_text(json.dumps(report, indent=2) + "\n")

@@ -1,8 +1,14 @@
-"""The autoregressive decoding loop: the baseline every speed-up is measured against.
+"""The decoding loops: autoregressive (the baseline) and Speculative Streaming.
 
-One forward pass per new token over a preallocated KV cache. Greedy by default; temperature and
-nucleus (top-p) sampling with a seeded generator when asked. The result counts forward passes,
-so drafting methods can report mean accepted tokens per pass on the same footing (1.0 here).
+`generate_ar` runs one forward pass per new token over a preallocated KV cache: greedy by
+default, temperature and nucleus (top-p) sampling with a seeded generator when asked.
+
+`generate_ss` runs one pass per draft tree: the pass verifies the tree drafted by the previous
+pass (the main stream's greedy choice at each node) and, through the speculative streams at
+every node, drafts the next tree from the last accepted node. Every emitted token is the base
+model's own greedy choice, so the output equals `generate_ar`'s.
+
+Both count forward passes, so mean accepted tokens per pass compare on the same footing.
 """
 
 from __future__ import annotations
@@ -15,6 +21,8 @@ import torch
 from torch import Tensor
 
 from edgestream.llm.model import Transformer
+from edgestream.llm.msa import SpeculativeStreams, ss_forward
+from edgestream.llm.tree import TreeShape, accept_greedy, build_tree, tree_mask
 
 TokenCallback = Callable[[int], None]
 
@@ -133,3 +141,134 @@ def generate_ar(
     else:
         reason = "length" if budget == max_new_tokens else "context"
     return GenerationResult(new_ids, passes, seconds, reason)
+
+
+class _Emitter:
+    """Collects emitted tokens and decides when to stop (a stop token or the budget)."""
+
+    def __init__(self, budget: int, stop_ids: Collection[int], on_token: TokenCallback | None):
+        self.budget, self.stop_ids, self.on_token = budget, stop_ids, on_token
+        self.ids: list[int] = []
+        self.done = False
+
+    def emit(self, tokens: list[int]) -> None:
+        for token in tokens:
+            self.ids.append(token)
+            if self.on_token is not None:
+                self.on_token(token)
+            if token in self.stop_ids or len(self.ids) == self.budget:
+                self.done = True
+                return
+
+    @property
+    def remaining(self) -> int:
+        return self.budget - len(self.ids)
+
+    def finish_reason(self, max_new_tokens: int) -> str:
+        if self.ids[-1] in self.stop_ids:
+            return "stop"
+        return "length" if self.budget == max_new_tokens else "context"
+
+
+def _top_candidates(logits: Tensor, k: int) -> tuple[Tensor, Tensor]:
+    """(gamma, vocab) stream logits -> top-k tokens and their log-probabilities, (gamma, k)."""
+    log_probs, tokens = torch.log_softmax(logits, dim=-1).topk(k, dim=-1)
+    return tokens, log_probs
+
+
+@torch.inference_mode()
+def generate_ss(
+    model: Transformer,
+    streams: SpeculativeStreams,
+    prompt_ids: list[int],
+    max_new_tokens: int,
+    stop_ids: Collection[int] = (),
+    shape: TreeShape = TreeShape(),
+    on_token: TokenCallback | None = None,
+) -> GenerationResult:
+    """Greedy Speculative Streaming decoding; the output equals `generate_ar`'s greedy output."""
+    budget = check_request(prompt_ids, max_new_tokens, model.config.max_position)
+    out = _Emitter(budget, stop_ids, on_token)
+    k = max(shape.top_k)
+    start = time.perf_counter()
+    cache = model.new_cache(len(prompt_ids) + budget + shape.max_nodes)
+    last = torch.tensor([len(prompt_ids) - 1])
+    step = ss_forward(model, streams, torch.tensor([prompt_ids]), cache, stream_nodes=last)
+    passes = 1
+    root = int(step.main_logits[0, -1].argmax())  # host sync: the root decides the tree
+    candidates, log_probs = _top_candidates(step.stream_logits(model, 0), k)
+    out.emit([root])
+    while not out.done:
+        # The root is certain but not yet in the cache; a node at depth d would emit d + 1
+        # tokens, so the tree never grows deeper than the budget left.
+        depth = min(len(shape.top_k), out.remaining - 1)
+        tree = build_tree(root, candidates[:depth], log_probs[:depth], shape)
+        prefix = cache.length
+        step = ss_forward(
+            model,
+            streams,
+            torch.tensor([tree.tokens]),
+            cache,
+            positions=prefix + torch.tensor(tree.depths),
+            mask=tree_mask(tree, prefix),
+        )
+        passes += 1
+        greedy_next = step.main_logits[0].argmax(-1).tolist()  # host sync, once per pass
+        path = accept_greedy(tree, greedy_next)
+        out.emit([tree.tokens[n] for n in path[1:]] + [greedy_next[path[-1]]])
+        cache.compact(prefix + torch.tensor(path), prefix)
+        root = greedy_next[path[-1]]
+        candidates, log_probs = _top_candidates(step.stream_logits(model, path[-1]), k)
+    seconds = time.perf_counter() - start
+    return GenerationResult(out.ids, passes, seconds, out.finish_reason(max_new_tokens))
+
+
+@torch.inference_mode()
+def generate_batch_greedy(
+    model: Transformer,
+    prompts: list[list[int]],
+    max_new_tokens: int,
+    stop_ids: Collection[int] = (),
+    pad_id: int = 0,
+) -> list[list[int]]:
+    """Greedy continuations of several prompts at once, for throughput (e.g. distillation).
+
+    Prompts are left-padded to one length; each row gets its own positions and a mask that
+    hides its padding. A row stops at its first stop token (kept); all stop together at
+    max_new_tokens. Batched matmuls round differently from batch size 1, so near-ties may
+    resolve differently from `generate_ar`: use this for data, not as the lossless oracle.
+    """
+    if not prompts or any(not p for p in prompts):
+        raise ValueError("every prompt needs at least one token")
+    B, P = len(prompts), max(len(p) for p in prompts)
+    budget = min(max_new_tokens, model.config.max_position - P)
+    if budget < 1:
+        raise ValueError(f"the longest prompt ({P} tokens) leaves no room in the context")
+    pads = torch.tensor([P - len(p) for p in prompts])
+    tokens = torch.tensor([[pad_id] * (P - len(p)) + p for p in prompts])
+    cache = model.new_cache(P + budget, batch_size=B)
+    slots = torch.arange(P)
+    real_key = slots[None, :] >= pads[:, None]  # (B, P): False on padding
+    # Padding rows attend to themselves only, so no softmax row is empty (that would be NaN).
+    mask = (slots[None, :, None] >= slots[None, None, :]) & real_key[:, None, :]
+    mask = (mask | torch.eye(P, dtype=torch.bool))[:, None]  # (B, 1, P, P)
+    positions = (slots[None, :] - pads[:, None]).clamp(min=0)
+    logits = model(tokens, cache, positions=positions, mask=mask, last_only=True)
+    outputs: list[list[int]] = [[] for _ in prompts]
+    finished = [False] * B
+    for step in range(budget):
+        next_tokens = logits[:, -1].argmax(-1).tolist()  # host sync, once per step
+        for row, token in enumerate(next_tokens):
+            if not finished[row]:
+                outputs[row].append(token)
+                finished[row] = token in stop_ids
+        if all(finished) or step == budget - 1:
+            break
+        key_ok = torch.cat([real_key, torch.ones(B, step + 1, dtype=torch.bool)], dim=1)
+        logits = model(
+            torch.tensor(next_tokens)[:, None],
+            cache,
+            positions=(P + step - pads)[:, None],
+            mask=key_ok[:, None, None, :],
+        )
+    return outputs

@@ -214,15 +214,17 @@ class LanguageModel:
         if not text.strip():
             raise ValueError("the prompt is empty")
         use_chat = self.has_chat_template if chat is None else chat
-        if use_chat and not self.has_chat_template:
-            raise ValueError(f"model {self.name!r} has no chat template: use --no-chat")
         if use_chat:
-            messages = [{"role": "user", "content": text}]
-            ids = self.tokenizer.apply_chat_template(
-                messages, add_generation_prompt=True, tokenize=True, return_dict=False
-            )
-        else:
-            ids = self.tokenizer.encode(text, add_special_tokens=True)
+            return self.encode_messages([{"role": "user", "content": text}])
+        return list(self.tokenizer.encode(text, add_special_tokens=True))
+
+    def encode_messages(self, messages: list[dict[str, str]]) -> list[int]:
+        """Token ids for a conversation (role/content dicts), ready for the assistant's turn."""
+        if not self.has_chat_template:
+            raise ValueError(f"model {self.name!r} has no chat template: use --no-chat")
+        ids = self.tokenizer.apply_chat_template(
+            messages, add_generation_prompt=True, tokenize=True, return_dict=False
+        )
         return list(ids)
 
     def decode(self, ids: list[int]) -> str:

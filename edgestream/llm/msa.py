@@ -1,0 +1,260 @@
+"""Multi-stream attention (MSA): speculative streams inside the top N_s decoder layers.
+
+At a position t the main stream is the ordinary decoder. Speculative stream j (1..gamma) starts
+at the input of layer N - N_s as the main stream's hidden state there plus a learned stream
+embedding P_j, and runs through the top N_s layers with the base weights (plus optional low-rank
+adapters that touch stream tokens only). Stream j attends to the main stream's keys/values at
+positions <= t (from the KV cache) and to streams 1..j at t; it never writes the cache. After
+the shared final norm and LM head, stream j predicts token t + 1 + j (the main stream, t + 1).
+
+Lossless by construction: the main stream never attends to streams, so its logits are exactly
+the base model's. Each MSA layer runs the main rows through the unchanged `Block` first, then
+the stream rows through the same weights while they are still hot in the CPU cache.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from edgestream.llm.model import Block, KVCache, Transformer, apply_rotary
+
+
+@dataclass(frozen=True)
+class StreamConfig:
+    n_streams: int = 4  # gamma: speculative streams, i.e. draft depth below the root
+    n_stream_layers: int = 4  # N_s: top decoder layers with multi-stream attention
+    adapter_rank: int = 16  # rank of stream-only adapters on q/k/v and o; 0 = embeddings only
+
+    def __post_init__(self) -> None:
+        for name, value, low in (
+            ("n_streams", self.n_streams, 1),
+            ("n_stream_layers", self.n_stream_layers, 1),
+            ("adapter_rank", self.adapter_rank, 0),
+        ):
+            if value < low:
+                raise ValueError(f"{name} must be >= {low}, got {value}")
+
+    def to_dict(self) -> dict[str, int]:
+        return asdict(self)
+
+
+class LowRank(nn.Module):
+    """x -> B(A x): a rank-r update, zero at initialisation so training starts from the base."""
+
+    def __init__(self, dim_in: int, dim_out: int, rank: int) -> None:
+        super().__init__()
+        self.down = nn.Linear(dim_in, rank, bias=False)
+        self.up = nn.Linear(rank, dim_out, bias=False)
+        nn.init.normal_(self.down.weight, std=dim_in**-0.5)
+        nn.init.zeros_(self.up.weight)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.up(self.down(x))
+
+
+class StreamAdapter(nn.Module):
+    """Low-rank updates to one MSA layer's q/k/v and output projections, for stream rows."""
+
+    def __init__(self, block: Block, rank: int) -> None:
+        super().__init__()
+        attn = block.attention
+        qkv_out = (attn.n_heads + 2 * attn.n_kv_heads) * attn.head_dim
+        dim = block.attention_norm.weight.shape[0]
+        self.qkv = LowRank(dim, qkv_out, rank)
+        self.o = LowRank(attn.n_heads * attn.head_dim, dim, rank)
+
+
+class SpeculativeStreams(nn.Module):
+    """The trainable part of Speculative Streaming; the base model stays untouched.
+
+    Holds the stream embeddings P_j (gamma, dim) and the per-layer stream adapters. `split` is
+    the index of the first MSA layer, N - N_s.
+    """
+
+    def __init__(self, model_config: object, config: StreamConfig) -> None:
+        super().__init__()
+        n_layers, dim = model_config.n_layers, model_config.dim
+        if config.n_stream_layers > n_layers:
+            raise ValueError(
+                f"n_stream_layers ({config.n_stream_layers}) exceeds the model's {n_layers} layers"
+            )
+        self.config = config
+        self.split = n_layers - config.n_stream_layers
+        self.embeddings = nn.Parameter(torch.randn(config.n_streams, dim) * 0.02)
+        self.adapters = nn.ModuleList()
+        if config.adapter_rank:
+            template = Block(model_config)
+            self.adapters.extend(
+                StreamAdapter(template, config.adapter_rank) for _ in range(config.n_stream_layers)
+            )
+
+    def extra_parameters(self) -> int:
+        return sum(p.numel() for p in self.parameters())
+
+    def start(self, hidden: Tensor) -> Tensor:
+        """Stream inputs (B, n, gamma, dim) from main hidden states (B, n, dim) at layer split."""
+        return hidden[:, :, None, :] + self.embeddings.to(hidden.dtype)
+
+
+def stream_mask(node_mask: Tensor, n_streams: int) -> Tensor:
+    """Mask for stream rows: each node's main-stream view, then streams <= j of the same node.
+
+    node_mask: (B, 1, n, S) bool, the main-stream mask rows of the n nodes that get streams.
+    Returns (B, 1, n * gamma, S + n * gamma), rows and stream keys ordered node-major.
+
+    >>> stream_mask(torch.tensor([[[[True, False], [True, True]]]]), 2)[0, 0].int()
+    tensor([[1, 0, 1, 0, 0, 0],
+            [1, 0, 1, 1, 0, 0],
+            [1, 1, 0, 0, 1, 0],
+            [1, 1, 0, 0, 1, 1]], dtype=torch.int32)
+    """
+    B, _, n, _S = node_mask.shape
+    main_part = node_mask.repeat_interleave(n_streams, dim=2)  # (B, 1, n*g, S)
+    within_node = torch.ones(n_streams, n_streams, dtype=torch.bool).tril()
+    stream_part = torch.block_diag(*[within_node] * n) if n else torch.zeros(0, 0, dtype=torch.bool)
+    stream_part = stream_part.expand(B, 1, n * n_streams, n * n_streams)
+    return torch.cat([main_part, stream_part], dim=-1)
+
+
+def stream_layer(
+    block: Block,
+    adapter: StreamAdapter | None,
+    s: Tensor,
+    rope: tuple[Tensor, Tensor],
+    mask: Tensor,
+    cache: KVCache,
+    layer: int,
+    n_slots: int,
+) -> Tensor:
+    """One MSA layer for stream rows s (B, R, dim), R = nodes * gamma, node-major.
+
+    Stream rows read the main stream's keys/values of this layer from slots [0, n_slots) of the
+    cache (already written by the main rows) and their own keys; they write nothing.
+    mask: (B, 1, R, n_slots + R) from `stream_mask`. Returns the new s (B, R, dim).
+    """
+    attn = block.attention
+    B, R, _ = s.shape
+    q_size, kv_size = attn.n_heads * attn.head_dim, attn.n_kv_heads * attn.head_dim
+    h = block.attention_norm(s)
+    qkv = attn.wqkv(h)
+    if adapter is not None:
+        qkv = qkv + adapter.qkv(h.to(adapter.qkv.up.weight.dtype)).to(qkv.dtype)
+    q, k, v = qkv.split([q_size, kv_size, kv_size], dim=-1)
+    q = q.view(B, R, attn.n_heads, attn.head_dim).transpose(1, 2)  # (B, H, R, hd)
+    k = k.view(B, R, attn.n_kv_heads, attn.head_dim).transpose(1, 2)  # (B, Hkv, R, hd)
+    v = v.view(B, R, attn.n_kv_heads, attn.head_dim).transpose(1, 2)
+    cos, sin = rope
+    q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+    main_k = cache.k[layer][:B, :, :n_slots]
+    main_v = cache.v[layer][:B, :, :n_slots]
+    keys = torch.cat([main_k, k], dim=2)  # (B, Hkv, n_slots + R, hd)
+    values = torch.cat([main_v, v], dim=2)
+    out = F.scaled_dot_product_attention(
+        q, keys, values, attn_mask=mask, enable_gqa=attn.n_heads != attn.n_kv_heads
+    )
+    out = out.transpose(1, 2).reshape(B, R, q_size)  # (B, R, H * hd)
+    o = attn.wo(out)
+    if adapter is not None:
+        o = o + adapter.o(out.to(adapter.o.up.weight.dtype)).to(o.dtype)
+    s = s + o
+    return s + block.feed_forward(block.ffn_norm(s))
+
+
+@dataclass
+class StreamOutput:
+    main_logits: Tensor  # (B, T, vocab) float32: the base model's logits at every new token
+    stream_hidden: Tensor  # (B, n, gamma, dim) final-norm stream states at the chosen nodes
+
+    def stream_logits(self, model: Transformer, node: int) -> Tensor:
+        """(gamma, vocab) float32 logits of one chosen node's streams (batch row 0).
+
+        The LM head runs only here, for the node that was accepted last: running it for every
+        node's streams would cost more than the streams themselves.
+        """
+        return model.output(self.stream_hidden[0, node]).float()
+
+
+def ss_forward(
+    model: Transformer,
+    streams: SpeculativeStreams,
+    tokens: Tensor,
+    cache: KVCache,
+    positions: Tensor | None = None,
+    mask: Tensor | None = None,
+    stream_nodes: Tensor | None = None,
+) -> StreamOutput:
+    """One pass: the base model over new tokens (cache appended) plus streams at chosen nodes.
+
+    tokens, positions, mask as in `Transformer.hidden_states`. stream_nodes: 1-D indices into
+    the T new tokens whose streams to run (default: all). Stream j of a node at position p gets
+    RoPE position p + j, the position of the token it stands in for.
+    """
+    B, T = tokens.shape
+    start = cache.length
+    x, rope, mask4 = model.prepare(tokens, cache, positions, mask)
+    if positions is None:
+        positions = torch.arange(start, start + T)
+    positions = positions.expand(B, T)
+    if mask4 is None:  # a single new token sees every slot
+        mask4 = torch.ones(1, 1, T, start + T, dtype=torch.bool)
+    nodes = torch.arange(T) if stream_nodes is None else stream_nodes
+    gamma = streams.config.n_streams
+    offsets = torch.arange(1, gamma + 1)
+    stream_pos = (positions[:, nodes, None] + offsets).reshape(B, -1)  # (B, n*g)
+    # Near the end of the context a stream may stand for a position past it; its draft is
+    # never used there (no budget left), so any valid RoPE position will do.
+    stream_pos = stream_pos.clamp(max=model.config.max_position - 1)
+    stream_rope = model.rope(stream_pos, model.dtype)
+    smask = stream_mask(mask4[:, :, nodes].expand(B, 1, -1, -1), gamma)
+    s = x
+    for i, block in enumerate(model.layers):
+        if i == streams.split:
+            s = streams.start(x[:, nodes]).reshape(B, -1, x.shape[-1])  # (B, n*g, dim)
+        x = block(x, rope, mask4, cache, i)
+        if i >= streams.split:
+            adapter = streams.adapters[i - streams.split] if len(streams.adapters) else None
+            s = stream_layer(block, adapter, s, stream_rope, smask, cache, i, start + T)
+    cache.length = start + T
+    main_logits = model.output(model.norm(x)).float()
+    return StreamOutput(main_logits, model.norm(s).view(B, len(nodes), gamma, -1))
+
+
+def save_streams(streams: SpeculativeStreams, path: Path, info: dict[str, object]) -> None:
+    """Write stream weights as safetensors, with their config and `info` (JSON) as metadata."""
+    from safetensors.torch import save_file
+
+    metadata = {"stream_config": json.dumps(streams.config.to_dict()), "info": json.dumps(info)}
+    tensors = {k: v.detach().float().contiguous() for k, v in streams.state_dict().items()}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    save_file(tensors, str(tmp), metadata=metadata)
+    tmp.replace(path)
+
+
+def load_streams(path: Path, model: Transformer) -> tuple[SpeculativeStreams, dict[str, object]]:
+    """Streams saved by `save_streams`, in the model's dtype, plus their `info` metadata."""
+    from safetensors import SafetensorError, safe_open
+
+    if not path.is_file():
+        raise FileNotFoundError(f"stream weights {str(path)!r} do not exist")
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            metadata = f.metadata() or {}
+            tensors = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 (not a dict)
+        config = StreamConfig(**json.loads(metadata["stream_config"]))
+    except (SafetensorError, KeyError, json.JSONDecodeError, TypeError) as err:
+        raise ValueError(f"{path} is not a stream weights file: {err}") from err
+    streams = SpeculativeStreams(model.config, config)
+    try:
+        streams.load_state_dict(tensors)
+    except RuntimeError as err:
+        raise ValueError(f"{path} does not fit this model: {str(err).splitlines()[0]}") from err
+    return streams.to(model.dtype).eval().requires_grad_(False), json.loads(
+        metadata.get("info", "{}")
+    )

@@ -1,0 +1,226 @@
+"""Training the speculative streams (lossless mode: the base model stays frozen).
+
+Objective: sum over streams j of alpha_j * cross-entropy(stream j at position t, token t+1+j),
+on self-distilled sequences (see `distill`). The frozen lower layers' states come from the
+distillation shards; each step runs the main stream through the top layers (no gradient, to
+fill the MSA layers' keys/values), then the streams at a random sample of answer positions.
+
+Runs on one process or under `torchrun --nproc_per_node=N` (DistributedDataParallel over gloo
+on CPU; each rank trains on its own slice of the data). Checkpoints are written atomically and
+a run resumes from the last one.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import random
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from edgestream.llm.model import Transformer
+from edgestream.llm.msa import SpeculativeStreams, StreamConfig, stream_layer, stream_mask
+
+IGNORE = -100  # cross-entropy target for positions without a label
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    steps: int = 2000
+    batch_sequences: int = 8  # sequences per step (per rank)
+    positions_per_sequence: int = 48  # answer positions whose streams are trained per sequence
+    lr: float = 2e-3
+    warmup_steps: int = 100
+    stream_weight: float = 0.1  # alpha_j, the same for every stream as in the paper
+    seed: int = 0
+    checkpoint_every: int = 100
+
+    def __post_init__(self) -> None:
+        for name in ("steps", "batch_sequences", "positions_per_sequence", "checkpoint_every"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+
+
+@dataclass
+class Batch:
+    split_hidden: Tensor  # (B, L, dim) states entering layer `captured_at`, zero-padded
+    tokens: Tensor  # (B, L) token ids, padded with IGNORE
+    positions: Tensor  # (B, n) positions t whose streams are trained (padded with 0)
+    targets: Tensor  # (B, n, gamma) token t+1+j or IGNORE
+
+
+def make_batch(records: list[dict], config: TrainConfig, gamma: int, rng: random.Random) -> Batch:
+    """Pad a few distilled sequences together and sample stream positions in their answers."""
+    L = max(len(r["tokens"]) for r in records)
+    B, dim = len(records), records[0]["split_hidden"].shape[-1]
+    hidden = torch.zeros(B, L, dim, dtype=records[0]["split_hidden"].dtype)
+    tokens = torch.full((B, L), IGNORE, dtype=torch.long)
+    n = config.positions_per_sequence
+    positions = torch.zeros(B, n, dtype=torch.long)
+    targets = torch.full((B, n, gamma), IGNORE, dtype=torch.long)
+    for b, r in enumerate(records):
+        seq, states = r["tokens"], r["split_hidden"]
+        tokens[b, : len(seq)] = seq
+        hidden[b, : len(states)] = states
+        # Stream j at t predicts t+1+j: from the last prompt token to where stream 1 has a label.
+        candidates = list(range(r["prompt_length"] - 1, len(seq) - 2))
+        chosen = sorted(rng.sample(candidates, min(n, len(candidates))))
+        for i, t in enumerate(chosen):
+            positions[b, i] = t
+            for j in range(gamma):
+                if t + 2 + j < len(seq):
+                    targets[b, i, j] = seq[t + 2 + j]
+    return Batch(hidden, tokens, positions, targets)
+
+
+class StreamObjective(nn.Module):
+    """The training forward pass; a module so DistributedDataParallel can wrap it."""
+
+    def __init__(self, model: Transformer, streams: SpeculativeStreams, captured_at: int) -> None:
+        super().__init__()
+        if not captured_at <= streams.split:
+            raise ValueError(
+                f"states were captured at layer {captured_at}, above the first MSA layer "
+                f"{streams.split}: distill with a lower split or use fewer stream layers"
+            )
+        self.model = model
+        self.streams = streams
+        self.captured_at = captured_at
+
+    def forward(self, batch: Batch, stream_weight: float) -> tuple[Tensor, Tensor, Tensor]:
+        """Returns (loss, top-1 hits per stream, labels per stream)."""
+        model, streams = self.model, self.streams
+        B, L, _ = batch.split_hidden.shape
+        gamma = streams.config.n_streams
+        cache = model.new_cache(L, batch_size=B)
+        slots = torch.arange(L)
+        mask = (slots[None, :] <= slots[:, None])[None, None]  # causal (1, 1, L, L)
+        rope = model.rope(slots.expand(B, L), model.dtype)
+        stream_pos = (batch.positions[:, :, None] + torch.arange(1, gamma + 1)).reshape(B, -1)
+        stream_rope = model.rope(stream_pos.clamp(max=model.config.max_position - 1), model.dtype)
+        node_mask = mask[0, 0][batch.positions][:, None]  # (B, 1, n, L): rows of the chosen t
+        smask = stream_mask(node_mask, gamma)
+        x, s = batch.split_hidden.to(model.dtype), None
+        for i in range(self.captured_at, model.config.n_layers):
+            block = model.layers[i]
+            if i == streams.split:
+                start = x.gather(1, batch.positions[:, :, None].expand(-1, -1, x.shape[-1]))
+                s = streams.start(start).reshape(B, -1, x.shape[-1])  # (B, n*gamma, dim)
+            with torch.no_grad():
+                x = block(x, rope, mask, cache, i)
+            if s is not None:
+                adapter = streams.adapters[i - streams.split] if len(streams.adapters) else None
+                s = stream_layer(block, adapter, s, stream_rope, smask, cache, i, L)
+        assert s is not None
+        logits = model.output(model.norm(s)).float().view(B, -1, gamma, model.config.vocab_size)
+        labelled = batch.targets != IGNORE
+        per_stream = [
+            F.cross_entropy(
+                logits[:, :, j].flatten(0, 1),
+                batch.targets[:, :, j].flatten(),
+                ignore_index=IGNORE,
+                reduction="sum",
+            )
+            / labelled[:, :, j].sum().clamp(min=1)
+            for j in range(gamma)
+        ]
+        loss = stream_weight * torch.stack(per_stream).sum()
+        hits = ((logits.argmax(-1) == batch.targets) & labelled).sum(dim=(0, 1))
+        return loss, hits.detach(), labelled.sum(dim=(0, 1))
+
+
+def _lr_at(step: int, config: TrainConfig) -> float:
+    """Linear warm-up, then cosine decay to a tenth."""
+    if step < config.warmup_steps:
+        return config.lr * (step + 1) / config.warmup_steps
+    progress = (step - config.warmup_steps) / max(1, config.steps - config.warmup_steps)
+    return config.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress))))
+
+
+def _save_atomic(obj: object, path: Path) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    torch.save(obj, tmp)
+    os.replace(tmp, path)
+
+
+def distributed_context() -> tuple[int, int]:
+    """(rank, world size); joins the gloo process group when launched by torchrun."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world > 1 and not dist.is_initialized():
+        dist.init_process_group("gloo")
+    return (dist.get_rank(), world) if world > 1 else (0, 1)
+
+
+ProgressFn = Callable[[int, float, list[float]], None]
+
+
+def train_streams(
+    model: Transformer,
+    records: list[dict],
+    captured_at: int,
+    stream_config: StreamConfig,
+    config: TrainConfig,
+    out_dir: Path,
+    model_name: str,
+    progress: ProgressFn | None = None,
+) -> SpeculativeStreams:
+    """Train (or resume training) streams; writes out_dir/checkpoint.pt as it goes."""
+    rank, world = distributed_context()
+    if not records:
+        raise ValueError("no training sequences")
+    torch.manual_seed(config.seed)  # identical initial streams on every rank
+    streams = SpeculativeStreams(model.config, stream_config)
+    optimizer = torch.optim.AdamW(streams.parameters(), lr=config.lr, weight_decay=0.0)
+    checkpoint = out_dir / "checkpoint.pt"
+    step = 0
+    if checkpoint.exists():
+        state = torch.load(checkpoint, weights_only=True)
+        if state["stream_config"] != stream_config.to_dict():
+            raise ValueError(
+                f"{checkpoint} was trained with {state['stream_config']}, not these settings"
+            )
+        streams.load_state_dict(state["streams"])
+        optimizer.load_state_dict(state["optimizer"])
+        step = state["step"]
+    objective: nn.Module = StreamObjective(model.requires_grad_(False), streams, captured_at)
+    if world > 1:
+        objective = nn.parallel.DistributedDataParallel(objective)
+    mine = records[rank::world]
+    rng = random.Random(config.seed * 1000 + rank * 7919 + step)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    while step < config.steps:
+        batch = make_batch(
+            rng.sample(mine, min(config.batch_sequences, len(mine))),
+            config,
+            stream_config.n_streams,
+            rng,
+        )
+        for group in optimizer.param_groups:
+            group["lr"] = _lr_at(step, config)
+        loss, hits, labelled = objective(batch, config.stream_weight)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(streams.parameters(), 1.0)
+        optimizer.step()
+        step += 1
+        if progress is not None and rank == 0:
+            progress(step, loss.item(), (hits / labelled.clamp(min=1)).tolist())
+        if rank == 0 and (step % config.checkpoint_every == 0 or step == config.steps):
+            _save_atomic(
+                {
+                    "streams": streams.state_dict(),
+                    "optimizer": optimizer.state_dict(),
+                    "step": step,
+                    "stream_config": stream_config.to_dict(),
+                    "train_config": asdict(config),
+                    "model": model_name,
+                },
+                checkpoint,
+            )
+    return streams

@@ -1,0 +1,125 @@
+"""Draft trees: building them from stream candidates, their attention mask, greedy acceptance.
+
+A draft tree is flattened in breadth-first order; node 0 is the root, the token the main stream
+has already chosen (certain). Every node at depth n >= 1 holds one of the top candidates of
+speculative stream n, and the children of every depth-n node are stream n+1's candidates. Which
+of those candidate paths to verify is chosen by their estimated probability (the product of the
+streams' probabilities along the path) under a node budget, so the tree adapts to how sure the
+streams are. All metadata are small host-side lists plus tensors built once per step.
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+
+@dataclass(frozen=True)
+class TreeShape:
+    """How big a draft tree may grow."""
+
+    top_k: tuple[int, ...] = (4, 3, 2, 2)  # candidates considered per depth (stream 1, 2, ...)
+    max_nodes: int = 16  # nodes in the flattened tree, root included
+
+    def __post_init__(self) -> None:
+        if not self.top_k or min(self.top_k) < 1:
+            raise ValueError(f"top_k needs at least one depth, each >= 1; got {self.top_k}")
+        if self.max_nodes < 1:
+            raise ValueError(f"max_nodes must be >= 1, got {self.max_nodes}")
+
+
+@dataclass(frozen=True)
+class DraftTree:
+    tokens: list[int]  # (T,) token per node, node 0 = root
+    parents: list[int]  # (T,) parent index per node, -1 for the root
+    depths: list[int]  # (T,) 0 for the root
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    def children(self) -> list[list[int]]:
+        kids: list[list[int]] = [[] for _ in self.tokens]
+        for node, parent in enumerate(self.parents):
+            if parent >= 0:
+                kids[parent].append(node)
+        return kids
+
+
+def build_tree(root: int, candidates: Tensor, log_probs: Tensor, shape: TreeShape) -> DraftTree:
+    """The most probable draft paths under `shape`, as a breadth-first flattened tree.
+
+    candidates, log_probs: (depth, k) stream top-k tokens and their log-probabilities, depth
+    >= len(shape.top_k) is not required: only min(depth, len(top_k)) depths are used.
+
+    >>> c = torch.tensor([[5, 6], [7, 8]]); lp = torch.log(torch.tensor([[.6, .3], [.9, .1]]))
+    >>> t = build_tree(1, c, lp, TreeShape(top_k=(2, 2), max_nodes=4))
+    >>> t.tokens, t.parents, t.depths
+    ([1, 5, 6, 7], [-1, 0, 0, 1], [0, 1, 1, 2])
+    """
+    depth_limit = min(candidates.shape[0], len(shape.top_k))
+    cand = candidates.tolist()  # host sync: the tree is built on the host
+    lps = log_probs.tolist()
+    # Best-first search over paths; a path's score is the sum of its log-probabilities, which
+    # only falls as the path grows, so every chosen path's prefix is chosen before it.
+    chosen: list[tuple[int, ...]] = []
+    frontier: list[tuple[float, tuple[int, ...]]] = []
+    if depth_limit:
+        for i in range(shape.top_k[0]):
+            heapq.heappush(frontier, (-lps[0][i], (i,)))
+    while frontier and len(chosen) < shape.max_nodes - 1:
+        neg_score, path = heapq.heappop(frontier)
+        chosen.append(path)
+        depth = len(path)
+        if depth < depth_limit:
+            for i in range(shape.top_k[depth]):
+                heapq.heappush(frontier, (neg_score - lps[depth][i], (*path, i)))
+    chosen.sort(key=lambda p: (len(p), p))  # breadth-first order: parents precede children
+    index = {(): 0}
+    tokens, parents, depths = [root], [-1], [0]
+    for path in chosen:
+        index[path] = len(tokens)
+        tokens.append(cand[len(path) - 1][path[-1]])
+        parents.append(index[path[:-1]])
+        depths.append(len(path))
+    return DraftTree(tokens, parents, depths)
+
+
+def tree_mask(tree: DraftTree, prefix: int) -> Tensor:
+    """Boolean (T, prefix + T): every node sees the whole prefix, its ancestors and itself.
+
+    >>> tree_mask(DraftTree([1, 5, 6, 7], [-1, 0, 0, 1], [0, 1, 1, 2]), prefix=1).int()
+    tensor([[1, 1, 0, 0, 0],
+            [1, 1, 1, 0, 0],
+            [1, 1, 0, 1, 0],
+            [1, 1, 1, 0, 1]], dtype=torch.int32)
+    """
+    T = len(tree)
+    mask = torch.zeros(T, prefix + T, dtype=torch.bool)
+    mask[:, :prefix] = True
+    for node in range(T):
+        ancestor = node
+        while ancestor != -1:
+            mask[node, prefix + ancestor] = True
+            ancestor = tree.parents[ancestor]
+    return mask
+
+
+def accept_greedy(tree: DraftTree, greedy_next: list[int]) -> list[int]:
+    """The longest root-to-node path whose every step matches the base model's greedy choice.
+
+    greedy_next[i] is the main stream's argmax after node i. Returns node indices, root first.
+
+    >>> accept_greedy(DraftTree([1, 5, 6, 7], [-1, 0, 0, 1], [0, 1, 1, 2]), [6, 0, 9, 0])
+    [0, 2]
+    """
+    kids = tree.children()
+    path = [0]
+    while True:
+        node = path[-1]
+        match = next((c for c in kids[node] if tree.tokens[c] == greedy_next[node]), None)
+        if match is None:
+            return path
+        path.append(match)

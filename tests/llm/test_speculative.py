@@ -1,0 +1,167 @@
+"""Speculative Streaming: lossless with untrained streams, trees, masks, stopping, weights I/O."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from edgestream.llm.engine import generate_ar, generate_ss
+from edgestream.llm.model import Transformer
+from edgestream.llm.msa import (
+    SpeculativeStreams,
+    StreamConfig,
+    load_streams,
+    save_streams,
+    ss_forward,
+    stream_mask,
+)
+from edgestream.llm.tree import DraftTree, TreeShape, accept_greedy, build_tree, tree_mask
+from tests.conftest import tiny_llama
+
+
+@pytest.fixture(scope="module")
+def model() -> Transformer:
+    return Transformer.from_hf(tiny_llama(max_position=128))
+
+
+@pytest.fixture(scope="module")
+def streams(model: Transformer) -> SpeculativeStreams:
+    torch.manual_seed(0)
+    s = SpeculativeStreams(
+        model.config, StreamConfig(n_streams=3, n_stream_layers=2, adapter_rank=4)
+    )
+    # Untrained but not inert: random adapters, so drafts are arbitrary tokens.
+    with torch.no_grad():
+        for p in s.parameters():
+            p.normal_(0, 0.2)
+    return s.eval()
+
+
+def _prompt(n: int, seed: int) -> list[int]:
+    return torch.randint(3, 300, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("shape", [TreeShape(), TreeShape(top_k=(1, 1, 1), max_nodes=4)])
+def test_untrained_streams_are_lossless(
+    model: Transformer, streams: SpeculativeStreams, seed: int, shape: TreeShape
+) -> None:
+    prompt = _prompt(4 + 3 * seed, seed)
+    ar = generate_ar(model, prompt, 48)
+    ss = generate_ss(model, streams, prompt, 48, shape=shape)
+    assert ss.token_ids == ar.token_ids
+    assert ss.forward_passes <= ar.forward_passes
+
+
+def test_main_logits_are_the_base_models(model: Transformer, streams: SpeculativeStreams) -> None:
+    tokens = torch.tensor([_prompt(12, 1)])
+    expected = model(tokens, model.new_cache(16))
+    out = ss_forward(model, streams, tokens, model.new_cache(16))
+    torch.testing.assert_close(out.main_logits, expected, rtol=0, atol=0)
+    assert out.stream_hidden.shape == (1, 12, 3, model.config.dim)
+
+
+def test_streams_depend_only_on_the_past(model: Transformer, streams: SpeculativeStreams) -> None:
+    """Stream states at position t must not change when later tokens change."""
+    a, b = _prompt(10, 2), _prompt(10, 2)
+    b[7:] = [5, 6, 7]
+    out_a = ss_forward(model, streams, torch.tensor([a]), model.new_cache(10))
+    out_b = ss_forward(model, streams, torch.tensor([b]), model.new_cache(10))
+    torch.testing.assert_close(out_a.stream_hidden[:, :7], out_b.stream_hidden[:, :7])
+    assert not torch.allclose(out_a.stream_hidden[:, 7:], out_b.stream_hidden[:, 7:])
+
+
+def test_stop_token_inside_an_accepted_run_stops_there(
+    model: Transformer, streams: SpeculativeStreams
+) -> None:
+    prompt = _prompt(6, 3)
+    free = generate_ar(model, prompt, 40).token_ids
+    stop = free[9]
+    ss = generate_ss(model, streams, prompt, 40, stop_ids={stop})
+    assert ss.token_ids == free[: free.index(stop) + 1]
+    assert ss.finish_reason == "stop"
+
+
+@pytest.mark.parametrize("max_new", [1, 2, 5, 17])
+def test_max_new_tokens_is_exact(
+    model: Transformer, streams: SpeculativeStreams, max_new: int
+) -> None:
+    prompt = _prompt(5, 4)
+    ss = generate_ss(model, streams, prompt, max_new)
+    assert ss.token_ids == generate_ar(model, prompt, max_new).token_ids
+    assert ss.new_tokens == max_new and ss.finish_reason == "length"
+
+
+def test_decoding_up_to_the_context_end(model: Transformer, streams: SpeculativeStreams) -> None:
+    prompt = _prompt(120, 5)  # context 128: streams' positions run past the end
+    ss = generate_ss(model, streams, prompt, 50)
+    assert ss.token_ids == generate_ar(model, prompt, 50).token_ids
+    assert ss.finish_reason == "context" and ss.new_tokens == 8
+
+
+def test_tree_follows_probabilities_under_the_budget() -> None:
+    candidates = torch.tensor([[10, 11, 12], [20, 21, 22], [30, 31, 32]])
+    log_probs = torch.log(torch.tensor([[0.7, 0.2, 0.1], [0.9, 0.05, 0.05], [0.5, 0.3, 0.2]]))
+    tree = build_tree(1, candidates, log_probs, TreeShape(top_k=(3, 2, 2), max_nodes=6))
+    # Best paths: 10 (.7), 10-20 (.63), 10-20-30 (.315), 11 (.2), 10-20-31 (.19)
+    assert tree.tokens == [1, 10, 11, 20, 30, 31]
+    assert tree.parents == [-1, 0, 0, 1, 3, 3]
+    assert tree.depths == [0, 1, 1, 2, 3, 3]
+
+
+def test_tree_never_exceeds_the_depth_given() -> None:
+    tree = build_tree(1, torch.tensor([[5, 6]]), torch.zeros(1, 2), TreeShape(top_k=(2, 2)))
+    assert max(tree.depths) == 1 and len(tree) == 3
+    root_only = build_tree(1, torch.zeros(0, 2, dtype=torch.long), torch.zeros(0, 2), TreeShape())
+    assert root_only.tokens == [1]
+
+
+def test_acceptance_walks_the_matching_branch() -> None:
+    tree = DraftTree([1, 5, 6, 7, 8], [-1, 0, 0, 2, 2], [0, 1, 1, 2, 2])
+    assert accept_greedy(tree, [6, 0, 8, 0, 3]) == [0, 2, 4]
+    assert accept_greedy(tree, [9, 0, 0, 0, 0]) == [0]
+
+
+def test_tree_mask_rows_are_ancestor_sets() -> None:
+    tree = DraftTree([1, 5, 6, 7], [-1, 0, 1, 0], [0, 1, 2, 1])
+    mask = tree_mask(tree, prefix=2)
+    assert mask[:, :2].all()
+    assert mask[2, 2:].tolist() == [True, True, True, False]
+    assert mask[3, 2:].tolist() == [True, False, False, True]
+
+
+def test_stream_mask_blocks_other_nodes_and_later_streams() -> None:
+    node_mask = torch.tensor([[[[True, False, False], [True, True, True]]]])
+    mask = stream_mask(node_mask, 2)[0, 0]
+    assert mask.shape == (4, 3 + 4)
+    assert mask[1, 3:].tolist() == [True, True, False, False]  # node 0, stream 2
+    assert mask[2, :3].tolist() == [True, True, True]  # node 1 sees its own prefix
+    assert mask[2, 3:].tolist() == [False, False, True, False]
+
+
+def test_stream_weights_round_trip(
+    model: Transformer, streams: SpeculativeStreams, tmp_path: Path
+) -> None:
+    path = tmp_path / "streams.safetensors"
+    save_streams(streams, path, {"steps": 3})
+    loaded, info = load_streams(path, model)
+    assert info == {"steps": 3}
+    for (name, a), (_, b) in zip(
+        streams.state_dict().items(), loaded.state_dict().items(), strict=True
+    ):
+        torch.testing.assert_close(a, b, msg=name)
+    bad = tmp_path / "bad.safetensors"
+    bad.write_bytes(b"not safetensors")
+    with pytest.raises(ValueError, match="not a stream weights file"):
+        load_streams(bad, model)
+    with pytest.raises(FileNotFoundError):
+        load_streams(tmp_path / "missing.safetensors", model)
+
+
+def test_stream_config_is_validated(model: Transformer) -> None:
+    with pytest.raises(ValueError, match="n_streams must be >= 1"):
+        StreamConfig(n_streams=0)
+    with pytest.raises(ValueError, match="exceeds the model's 3 layers"):
+        SpeculativeStreams(model.config, StreamConfig(n_stream_layers=4))

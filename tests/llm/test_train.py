@@ -1,0 +1,127 @@
+"""Stream training: captured states, learning, resuming, and the CLI under torchrun (DDP)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors import safe_open
+
+from edgestream.llm.distill import distill, load_shards
+from edgestream.llm.loading import load_language_model
+from edgestream.llm.msa import StreamConfig
+from edgestream.llm.tasks import TaskPrompt
+from edgestream.llm.train import TrainConfig, train_streams
+from tests.conftest import TINY_CORPUS
+
+STREAMS = StreamConfig(n_streams=2, n_stream_layers=1, adapter_rank=4)
+
+
+@pytest.fixture(scope="module")
+def records(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
+    lm = load_language_model(str(tiny_model_dir), pack=False)
+    prompts = [TaskPrompt("t", str(i), text) for i, text in enumerate(TINY_CORPUS * 3)]
+    shards = distill(lm, prompts, tmp_path_factory.mktemp("distill"), 1, 24, batch_size=4)
+    return load_shards(shards)
+
+
+def test_captured_states_equal_a_fresh_forward(tiny_model_dir: Path, records: list[dict]) -> None:
+    model = load_language_model(str(tiny_model_dir), pack=False).model
+    for record in records[:3]:
+        tokens = record["tokens"][None]
+        cache = model.new_cache(tokens.shape[1])
+        x, rope, mask = model.prepare(tokens, cache)
+        x = model.layers[0](x, rope, mask, cache, 0)
+        states = record["split_hidden"].float()
+        assert states.shape[0] == tokens.shape[1] - 1  # the last token is never fed back
+        torch.testing.assert_close(x[0, :-1], states, rtol=0.02, atol=0.02)  # stored in bf16
+
+
+def _train(model_dir: Path, records: list[dict], out: Path, steps: int) -> list[tuple]:
+    model = load_language_model(str(model_dir), pack=False).model
+    log: list[tuple] = []
+    config = TrainConfig(
+        steps=steps,
+        batch_sequences=4,
+        positions_per_sequence=8,
+        lr=1e-2,
+        warmup_steps=5,
+        checkpoint_every=10,
+    )
+    train_streams(model, records, 1, STREAMS, config, out, "tiny", lambda *a: log.append(a))
+    return log
+
+
+def test_streams_learn(tiny_model_dir: Path, records: list[dict], tmp_path: Path) -> None:
+    log = _train(tiny_model_dir, records, tmp_path, 80)
+    first = sum(loss for _, loss, _ in log[:10]) / 10
+    last = sum(loss for _, loss, _ in log[-10:]) / 10
+    assert last < 0.8 * first
+    assert log[-1][2][0] > log[0][2][0]  # stream-1 top-1 accuracy rose
+
+
+def test_training_resumes_from_its_checkpoint(
+    tiny_model_dir: Path, records: list[dict], tmp_path: Path
+) -> None:
+    _train(tiny_model_dir, records, tmp_path, 10)
+    log = _train(tiny_model_dir, records, tmp_path, 15)
+    assert [step for step, *_ in log] == [11, 12, 13, 14, 15]
+    assert torch.load(tmp_path / "checkpoint.pt", weights_only=True)["step"] == 15
+    assert not list(tmp_path.glob("*.tmp"))
+
+
+def test_cli_trains_under_torchrun_with_two_processes(tiny_model_dir: Path, tmp_path: Path) -> None:
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("\n".join(TINY_CORPUS) + "\n")
+    out = tmp_path / "run"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc_per_node=2",
+            "-m",
+            "edgestream",
+            "train",
+            "streams",
+            "--model",
+            str(tiny_model_dir),
+            "--prompts",
+            str(prompts),
+            "--out",
+            str(out),
+            "--steps",
+            "6",
+            "--batch",
+            "2",
+            "--positions",
+            "4",
+            "--streams",
+            "2",
+            "--stream-layers",
+            "1",
+            "--capture-layers",
+            "2",
+            "--adapter-rank",
+            "2",
+            "--max-new-tokens",
+            "8",
+            "--threads",
+            "1",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert torch.load(out / "checkpoint.pt", weights_only=True)["step"] == 6
+    with safe_open(str(out / "streams.safetensors"), framework="pt") as f:
+        info = json.loads(f.metadata()["info"])
+    assert info["processes"] == 2
