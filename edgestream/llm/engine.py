@@ -21,7 +21,7 @@ import torch
 from torch import Tensor
 
 from edgestream.llm.model import Transformer
-from edgestream.llm.msa import SpeculativeStreams, ss_forward
+from edgestream.llm.msa import SpeculativeStreams, ss_forward, stream_logits, stream_pass
 from edgestream.llm.tree import TreeShape, accept_greedy, build_tree, tree_mask
 
 TokenCallback = Callable[[int], None]
@@ -176,6 +176,9 @@ def _top_candidates(logits: Tensor, k: int) -> tuple[Tensor, Tensor]:
     return tokens, log_probs
 
 
+STREAM_PLACEMENTS = ("accepted", "all")
+
+
 @torch.inference_mode()
 def generate_ss(
     model: Transformer,
@@ -185,18 +188,34 @@ def generate_ss(
     stop_ids: Collection[int] = (),
     shape: TreeShape = TreeShape(),
     on_token: TokenCallback | None = None,
+    placement: str = "accepted",
 ) -> GenerationResult:
-    """Greedy Speculative Streaming decoding; the output equals `generate_ar`'s greedy output."""
+    """Greedy Speculative Streaming decoding; the output equals `generate_ar`'s greedy output.
+
+    placement "all" is the paper's layout: streams run at every tree node inside the
+    verification pass and the last accepted node's drafts are kept. "accepted" runs the
+    streams after verification, for the last accepted node only (the top N_s layers for gamma
+    rows); on a CPU that costs less than streams at every node. Forward passes count the
+    verification passes; the "accepted" stream runs are a fraction of a pass each.
+    """
+    if placement not in STREAM_PLACEMENTS:
+        raise ValueError(f"unknown placement {placement!r}: expected {STREAM_PLACEMENTS}")
+    in_pass = placement == "all"
     budget = check_request(prompt_ids, max_new_tokens, model.config.max_position)
     out = _Emitter(budget, stop_ids, on_token)
     k = max(shape.top_k)
     start = time.perf_counter()
     cache = model.new_cache(len(prompt_ids) + budget + shape.max_nodes)
-    last = torch.tensor([len(prompt_ids) - 1])
-    step = ss_forward(model, streams, torch.tensor([prompt_ids]), cache, stream_nodes=last)
+    P = len(prompt_ids)
+    nodes = torch.tensor([P - 1]) if in_pass else torch.zeros(0, dtype=torch.long)
+    step = ss_forward(model, streams, torch.tensor([prompt_ids]), cache, stream_nodes=nodes)
     passes = 1
     root = int(step.main_logits[0, -1].argmax())  # host sync: the root decides the tree
-    candidates, log_probs = _top_candidates(step.stream_logits(model, 0), k)
+    if in_pass:
+        drafts = step.stream_hidden[0, 0]
+    else:
+        drafts = stream_pass(model, streams, step.split_hidden[:, -1], P - 1, cache)[0]
+    candidates, log_probs = _top_candidates(stream_logits(model, drafts), k)
     out.emit([root])
     while not out.done:
         # The root is certain but not yet in the cache; a node at depth d would emit d + 1
@@ -211,14 +230,23 @@ def generate_ss(
             cache,
             positions=prefix + torch.tensor(tree.depths),
             mask=tree_mask(tree, prefix),
+            stream_nodes=None if in_pass else torch.zeros(0, dtype=torch.long),
         )
         passes += 1
         greedy_next = step.main_logits[0].argmax(-1).tolist()  # host sync, once per pass
         path = accept_greedy(tree, greedy_next)
-        out.emit([tree.tokens[n] for n in path[1:]] + [greedy_next[path[-1]]])
+        last = path[-1]
+        out.emit([tree.tokens[n] for n in path[1:]] + [greedy_next[last]])
         cache.compact(prefix + torch.tensor(path), prefix)
-        root = greedy_next[path[-1]]
-        candidates, log_probs = _top_candidates(step.stream_logits(model, path[-1]), k)
+        root = greedy_next[last]
+        if out.done:
+            break
+        if in_pass:
+            drafts = step.stream_hidden[0, last]
+        else:
+            position = prefix + tree.depths[last]
+            drafts = stream_pass(model, streams, step.split_hidden[:, last], position, cache)[0]
+        candidates, log_probs = _top_candidates(stream_logits(model, drafts), k)
     seconds = time.perf_counter() - start
     return GenerationResult(out.ids, passes, seconds, out.finish_reason(max_new_tokens))
 

@@ -169,15 +169,45 @@ def stream_layer(
 @dataclass
 class StreamOutput:
     main_logits: Tensor  # (B, T, vocab) float32: the base model's logits at every new token
+    split_hidden: Tensor  # (B, T, dim) main hidden states entering the first MSA layer
     stream_hidden: Tensor  # (B, n, gamma, dim) final-norm stream states at the chosen nodes
 
-    def stream_logits(self, model: Transformer, node: int) -> Tensor:
-        """(gamma, vocab) float32 logits of one chosen node's streams (batch row 0).
 
-        The LM head runs only here, for the node that was accepted last: running it for every
-        node's streams would cost more than the streams themselves.
-        """
-        return model.output(self.stream_hidden[0, node]).float()
+def stream_logits(model: Transformer, stream_hidden: Tensor) -> Tensor:
+    """(gamma, vocab) float32 logits from one node's final-norm stream states (gamma, dim).
+
+    Only the node that was accepted last needs them: running the LM head for every node's
+    streams would cost more than the streams themselves.
+    """
+    return model.output(stream_hidden).float()
+
+
+def stream_inputs(
+    model: Transformer,
+    streams: SpeculativeStreams,
+    start_hidden: Tensor,
+    node_positions: Tensor,
+    node_mask: Tensor,
+) -> tuple[Tensor, tuple[Tensor, Tensor], Tensor]:
+    """Stream rows, their RoPE tables and mask for n nodes, at the first MSA layer.
+
+    start_hidden (B, n, dim) main states entering layer `split`; node_positions (B, n);
+    node_mask (B, 1, n, S) the nodes' main-stream mask rows. Returns s (B, n*gamma, dim),
+    node-major. Stream j of a node at position p gets RoPE position p + j, that of the token
+    it stands for.
+    """
+    B, n, dim = start_hidden.shape
+    gamma = streams.config.n_streams
+    stream_pos = (node_positions[:, :, None] + torch.arange(1, gamma + 1)).reshape(B, -1)
+    # Near the end of the context a stream may stand for a position past it; its draft is
+    # never used there (no budget left), so any valid RoPE position will do.
+    rope = model.rope(stream_pos.clamp(max=model.config.max_position - 1), model.dtype)
+    s = streams.start(start_hidden).reshape(B, n * gamma, dim)
+    return s, rope, stream_mask(node_mask, gamma)
+
+
+def adapter_for(streams: SpeculativeStreams, layer: int) -> StreamAdapter | None:
+    return streams.adapters[layer - streams.split] if len(streams.adapters) else None
 
 
 def ss_forward(
@@ -192,37 +222,59 @@ def ss_forward(
     """One pass: the base model over new tokens (cache appended) plus streams at chosen nodes.
 
     tokens, positions, mask as in `Transformer.hidden_states`. stream_nodes: 1-D indices into
-    the T new tokens whose streams to run (default: all). Stream j of a node at position p gets
-    RoPE position p + j, the position of the token it stands in for.
+    the T new tokens whose streams to run in this same pass (default: all; empty: none, e.g.
+    when `stream_pass` runs them later for the accepted node only). Each MSA layer runs the
+    main rows, then the stream rows while the layer's weights are still in the CPU cache.
     """
     B, T = tokens.shape
     start = cache.length
     x, rope, mask4 = model.prepare(tokens, cache, positions, mask)
-    if positions is None:
-        positions = torch.arange(start, start + T)
-    positions = positions.expand(B, T)
+    positions = (torch.arange(start, start + T) if positions is None else positions).expand(B, T)
     if mask4 is None:  # a single new token sees every slot
         mask4 = torch.ones(1, 1, T, start + T, dtype=torch.bool)
     nodes = torch.arange(T) if stream_nodes is None else stream_nodes
-    gamma = streams.config.n_streams
-    offsets = torch.arange(1, gamma + 1)
-    stream_pos = (positions[:, nodes, None] + offsets).reshape(B, -1)  # (B, n*g)
-    # Near the end of the context a stream may stand for a position past it; its draft is
-    # never used there (no budget left), so any valid RoPE position will do.
-    stream_pos = stream_pos.clamp(max=model.config.max_position - 1)
-    stream_rope = model.rope(stream_pos, model.dtype)
-    smask = stream_mask(mask4[:, :, nodes].expand(B, 1, -1, -1), gamma)
-    s = x
+    gamma, dim = streams.config.n_streams, model.config.dim
+    split_hidden, s = x, None
     for i, block in enumerate(model.layers):
         if i == streams.split:
-            s = streams.start(x[:, nodes]).reshape(B, -1, x.shape[-1])  # (B, n*g, dim)
+            split_hidden = x
+            if len(nodes):
+                node_mask = mask4[:, :, nodes].expand(B, 1, -1, -1)
+                s, srope, smask = stream_inputs(
+                    model, streams, x[:, nodes], positions[:, nodes], node_mask
+                )
         x = block(x, rope, mask4, cache, i)
-        if i >= streams.split:
-            adapter = streams.adapters[i - streams.split] if len(streams.adapters) else None
-            s = stream_layer(block, adapter, s, stream_rope, smask, cache, i, start + T)
+        if s is not None:
+            s = stream_layer(block, adapter_for(streams, i), s, srope, smask, cache, i, start + T)
     cache.length = start + T
     main_logits = model.output(model.norm(x)).float()
-    return StreamOutput(main_logits, model.norm(s).view(B, len(nodes), gamma, -1))
+    if s is None:
+        stream_hidden = x.new_zeros(B, 0, gamma, dim)
+    else:
+        stream_hidden = model.norm(s).view(B, len(nodes), gamma, dim)
+    return StreamOutput(main_logits, split_hidden, stream_hidden)
+
+
+def stream_pass(
+    model: Transformer,
+    streams: SpeculativeStreams,
+    split_hidden: Tensor,
+    position: int,
+    cache: KVCache,
+) -> Tensor:
+    """Streams of the newest cached token only, after verification: (B, gamma, dim).
+
+    split_hidden (B, dim) is that token's state entering the first MSA layer; it sits at the
+    last cache slot, so its streams see every cached main key. Runs only the top N_s layers
+    for gamma rows, instead of streams at every tree node inside the verification pass.
+    """
+    B, n_slots = split_hidden.shape[0], cache.length
+    node_mask = torch.ones(B, 1, 1, n_slots, dtype=torch.bool)
+    node_positions = torch.full((B, 1), position)
+    s, rope, mask = stream_inputs(model, streams, split_hidden[:, None], node_positions, node_mask)
+    for i in range(streams.split, model.config.n_layers):
+        s = stream_layer(model.layers[i], adapter_for(streams, i), s, rope, mask, cache, i, n_slots)
+    return model.norm(s)  # (B, gamma, dim)
 
 
 def save_streams(streams: SpeculativeStreams, path: Path, info: dict[str, object]) -> None:

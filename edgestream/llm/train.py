@@ -25,7 +25,13 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from edgestream.llm.model import Transformer
-from edgestream.llm.msa import SpeculativeStreams, StreamConfig, stream_layer, stream_mask
+from edgestream.llm.msa import (
+    SpeculativeStreams,
+    StreamConfig,
+    adapter_for,
+    stream_inputs,
+    stream_layer,
+)
 
 IGNORE = -100  # cross-entropy target for positions without a label
 
@@ -102,21 +108,17 @@ class StreamObjective(nn.Module):
         slots = torch.arange(L)
         mask = (slots[None, :] <= slots[:, None])[None, None]  # causal (1, 1, L, L)
         rope = model.rope(slots.expand(B, L), model.dtype)
-        stream_pos = (batch.positions[:, :, None] + torch.arange(1, gamma + 1)).reshape(B, -1)
-        stream_rope = model.rope(stream_pos.clamp(max=model.config.max_position - 1), model.dtype)
         node_mask = mask[0, 0][batch.positions][:, None]  # (B, 1, n, L): rows of the chosen t
-        smask = stream_mask(node_mask, gamma)
         x, s = batch.split_hidden.to(model.dtype), None
         for i in range(self.captured_at, model.config.n_layers):
             block = model.layers[i]
             if i == streams.split:
                 start = x.gather(1, batch.positions[:, :, None].expand(-1, -1, x.shape[-1]))
-                s = streams.start(start).reshape(B, -1, x.shape[-1])  # (B, n*gamma, dim)
+                s, srope, smask = stream_inputs(model, streams, start, batch.positions, node_mask)
             with torch.no_grad():
                 x = block(x, rope, mask, cache, i)
             if s is not None:
-                adapter = streams.adapters[i - streams.split] if len(streams.adapters) else None
-                s = stream_layer(block, adapter, s, stream_rope, smask, cache, i, L)
+                s = stream_layer(block, adapter_for(streams, i), s, srope, smask, cache, i, L)
         assert s is not None
         logits = model.output(model.norm(s)).float().view(B, -1, gamma, model.config.vocab_size)
         labelled = batch.targets != IGNORE

@@ -16,6 +16,7 @@ from edgestream.llm.msa import (
     save_streams,
     ss_forward,
     stream_mask,
+    stream_pass,
 )
 from edgestream.llm.tree import DraftTree, TreeShape, accept_greedy, build_tree, tree_mask
 from tests.conftest import tiny_llama
@@ -45,12 +46,13 @@ def _prompt(n: int, seed: int) -> list[int]:
 
 @pytest.mark.parametrize("seed", range(6))
 @pytest.mark.parametrize("shape", [TreeShape(), TreeShape(top_k=(1, 1, 1), max_nodes=4)])
+@pytest.mark.parametrize("placement", ["accepted", "all"])
 def test_untrained_streams_are_lossless(
-    model: Transformer, streams: SpeculativeStreams, seed: int, shape: TreeShape
+    model: Transformer, streams: SpeculativeStreams, seed: int, shape: TreeShape, placement: str
 ) -> None:
     prompt = _prompt(4 + 3 * seed, seed)
     ar = generate_ar(model, prompt, 48)
-    ss = generate_ss(model, streams, prompt, 48, shape=shape)
+    ss = generate_ss(model, streams, prompt, 48, shape=shape, placement=placement)
     assert ss.token_ids == ar.token_ids
     assert ss.forward_passes <= ar.forward_passes
 
@@ -61,6 +63,19 @@ def test_main_logits_are_the_base_models(model: Transformer, streams: Speculativ
     out = ss_forward(model, streams, tokens, model.new_cache(16))
     torch.testing.assert_close(out.main_logits, expected, rtol=0, atol=0)
     assert out.stream_hidden.shape == (1, 12, 3, model.config.dim)
+
+
+def test_streams_after_verification_equal_streams_in_the_pass(
+    model: Transformer, streams: SpeculativeStreams
+) -> None:
+    """stream_pass for the newest token reproduces that token's in-pass streams."""
+    tokens = torch.tensor([_prompt(9, 7)])
+    in_pass = ss_forward(model, streams, tokens, model.new_cache(16))
+    cache = model.new_cache(16)
+    later = ss_forward(model, streams, tokens, cache, stream_nodes=torch.zeros(0, dtype=torch.long))
+    assert later.stream_hidden.shape[1] == 0
+    after = stream_pass(model, streams, later.split_hidden[:, -1], 8, cache)
+    torch.testing.assert_close(after, in_pass.stream_hidden[:, -1], rtol=1e-5, atol=1e-5)
 
 
 def test_streams_depend_only_on_the_past(model: Transformer, streams: SpeculativeStreams) -> None:
