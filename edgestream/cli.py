@@ -111,6 +111,9 @@ def generate(
     streams: Annotated[
         Path | None, typer.Option(help="Stream weights for --method ss (default: bundled).")
     ] = None,
+    compare: Annotated[
+        bool, typer.Option(help="Also decode with ar and report the speedup and exact match.")
+    ] = False,
     json_output: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
 ) -> None:
     """Generate a reply to PROMPT and report its speed."""
@@ -135,6 +138,10 @@ def generate(
     streamer = None if json_output else _TextStreamer(lm.decode)
     result = decode(prompt_ids, max_new_tokens, streamer)
     text = lm.decode(result.token_ids)
+    baseline = None
+    if compare and method != "ar":
+        ar = make_decoder("ar", lm, MethodOptions(sampling=sampling))
+        baseline = ar(prompt_ids, max_new_tokens, None)
     if json_output:
         record = {
             "text": text,
@@ -150,6 +157,10 @@ def generate(
             "prompt_tokens": len(prompt_ids),
             "finish_reason": result.finish_reason,
         }
+        if baseline is not None:
+            record["ar_tokens_per_second"] = round(baseline.tokens_per_second, 2)
+            record["speedup"] = round(result.tokens_per_second / baseline.tokens_per_second, 3)
+            record["exact_match_vs_ar"] = baseline.token_ids == result.token_ids
         print(json.dumps(record, ensure_ascii=False))
         return
     assert streamer is not None
@@ -159,6 +170,13 @@ def generate(
         f"{result.tokens_per_second:.1f} tokens/s, {result.mean_accepted:.2f} tokens/pass "
         f"({method}, {dtype}, {model}; stopped: {result.finish_reason})[/dim]"
     )
+    if baseline is not None:
+        same = "identical" if baseline.token_ids == result.token_ids else "DIFFERENT"
+        stderr.print(
+            f"[bold]ar {baseline.tokens_per_second:.1f} tokens/s, {method} "
+            f"{result.tokens_per_second:.1f} tokens/s: "
+            f"{result.tokens_per_second / baseline.tokens_per_second:.2f}x, output {same}[/bold]"
+        )
 
 
 def _read_prompts(path: Path | None) -> list[str]:

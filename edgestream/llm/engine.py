@@ -214,7 +214,7 @@ def generate_ss(
     if in_pass:
         drafts = step.stream_hidden[0, 0]
     else:
-        drafts = stream_pass(model, streams, step.split_hidden[:, -1], P - 1, cache)[0]
+        drafts = stream_pass(model, streams, step.split_hidden[:, -1], P - 1, cache, root)[0]
     candidates, log_probs = _top_candidates(stream_logits(model, drafts), k)
     out.emit([root])
     while not out.done:
@@ -245,7 +245,9 @@ def generate_ss(
             drafts = step.stream_hidden[0, last]
         else:
             position = prefix + tree.depths[last]
-            drafts = stream_pass(model, streams, step.split_hidden[:, last], position, cache)[0]
+            drafts = stream_pass(model, streams, step.split_hidden[:, last], position, cache, root)[
+                0
+            ]
         candidates, log_probs = _top_candidates(stream_logits(model, drafts), k)
     seconds = time.perf_counter() - start
     return GenerationResult(out.ids, passes, seconds, out.finish_reason(max_new_tokens))

@@ -30,12 +30,16 @@ class StreamConfig:
     n_streams: int = 4  # gamma: speculative streams, i.e. draft depth below the root
     n_stream_layers: int = 4  # N_s: top decoder layers with multi-stream attention
     adapter_rank: int = 16  # rank of stream-only adapters on q/k/v and o; 0 = embeddings only
+    # Rank of a map from the embedding of the main stream's next token (the draft root) into
+    # the streams' input; 0 = off. Needs the root before the streams run: placement "accepted".
+    next_token_rank: int = 16
 
     def __post_init__(self) -> None:
         for name, value, low in (
             ("n_streams", self.n_streams, 1),
             ("n_stream_layers", self.n_stream_layers, 1),
             ("adapter_rank", self.adapter_rank, 0),
+            ("next_token_rank", self.next_token_rank, 0),
         ):
             if value < low:
                 raise ValueError(f"{name} must be >= {low}, got {value}")
@@ -87,6 +91,9 @@ class SpeculativeStreams(nn.Module):
         self.config = config
         self.split = n_layers - config.n_stream_layers
         self.embeddings = nn.Parameter(torch.randn(config.n_streams, dim) * 0.02)
+        self.next_token = (
+            LowRank(dim, dim, config.next_token_rank) if config.next_token_rank else None
+        )
         self.adapters = nn.ModuleList()
         if config.adapter_rank:
             template = Block(model_config)
@@ -97,8 +104,21 @@ class SpeculativeStreams(nn.Module):
     def extra_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters())
 
-    def start(self, hidden: Tensor) -> Tensor:
-        """Stream inputs (B, n, gamma, dim) from main hidden states (B, n, dim) at layer split."""
+    @property
+    def token_aware(self) -> bool:
+        return self.next_token is not None
+
+    def start(self, hidden: Tensor, next_embedding: Tensor | None = None) -> Tensor:
+        """Stream inputs (B, n, gamma, dim) from main hidden states (B, n, dim) at layer split.
+
+        next_embedding (B, n, dim): input embeddings of each node's next token (the main
+        stream's greedy choice there), required by token-aware streams.
+        """
+        if self.next_token is not None:
+            if next_embedding is None:
+                raise ValueError("token-aware streams need the next token's embedding")
+            weight_dtype = self.next_token.up.weight.dtype
+            hidden = hidden + self.next_token(next_embedding.to(weight_dtype)).to(hidden.dtype)
         return hidden[:, :, None, :] + self.embeddings.to(hidden.dtype)
 
 
@@ -188,11 +208,13 @@ def stream_inputs(
     start_hidden: Tensor,
     node_positions: Tensor,
     node_mask: Tensor,
+    next_tokens: Tensor | None = None,
 ) -> tuple[Tensor, tuple[Tensor, Tensor], Tensor]:
     """Stream rows, their RoPE tables and mask for n nodes, at the first MSA layer.
 
     start_hidden (B, n, dim) main states entering layer `split`; node_positions (B, n);
-    node_mask (B, 1, n, S) the nodes' main-stream mask rows. Returns s (B, n*gamma, dim),
+    node_mask (B, 1, n, S) the nodes' main-stream mask rows; next_tokens (B, n) the main
+    stream's next token at each node (token-aware streams). Returns s (B, n*gamma, dim),
     node-major. Stream j of a node at position p gets RoPE position p + j, that of the token
     it stands for.
     """
@@ -202,7 +224,8 @@ def stream_inputs(
     # Near the end of the context a stream may stand for a position past it; its draft is
     # never used there (no budget left), so any valid RoPE position will do.
     rope = model.rope(stream_pos.clamp(max=model.config.max_position - 1), model.dtype)
-    s = streams.start(start_hidden).reshape(B, n * gamma, dim)
+    next_embedding = None if next_tokens is None else model.tok_embeddings(next_tokens)
+    s = streams.start(start_hidden, next_embedding).reshape(B, n * gamma, dim)
     return s, rope, stream_mask(node_mask, gamma)
 
 
@@ -233,6 +256,11 @@ def ss_forward(
     if mask4 is None:  # a single new token sees every slot
         mask4 = torch.ones(1, 1, T, start + T, dtype=torch.bool)
     nodes = torch.arange(T) if stream_nodes is None else stream_nodes
+    if len(nodes) and streams.token_aware:
+        raise ValueError(
+            "token-aware streams need each node's next token, known only after verification: "
+            "run them with stream_pass (placement 'accepted')"
+        )
     gamma, dim = streams.config.n_streams, model.config.dim
     split_hidden, s = x, None
     for i, block in enumerate(model.layers):
@@ -261,17 +289,23 @@ def stream_pass(
     split_hidden: Tensor,
     position: int,
     cache: KVCache,
+    next_token: int,
 ) -> Tensor:
     """Streams of the newest cached token only, after verification: (B, gamma, dim).
 
     split_hidden (B, dim) is that token's state entering the first MSA layer; it sits at the
-    last cache slot, so its streams see every cached main key. Runs only the top N_s layers
-    for gamma rows, instead of streams at every tree node inside the verification pass.
+    last cache slot, so its streams see every cached main key. next_token is the main
+    stream's greedy choice after it (the next tree's root), which token-aware streams read.
+    Runs only the top N_s layers for gamma rows, instead of streams at every tree node inside
+    the verification pass.
     """
     B, n_slots = split_hidden.shape[0], cache.length
     node_mask = torch.ones(B, 1, 1, n_slots, dtype=torch.bool)
     node_positions = torch.full((B, 1), position)
-    s, rope, mask = stream_inputs(model, streams, split_hidden[:, None], node_positions, node_mask)
+    next_tokens = torch.full((B, 1), next_token) if streams.token_aware else None
+    s, rope, mask = stream_inputs(
+        model, streams, split_hidden[:, None], node_positions, node_mask, next_tokens
+    )
     for i in range(streams.split, model.config.n_layers):
         s = stream_layer(model.layers[i], adapter_for(streams, i), s, rope, mask, cache, i, n_slots)
     return model.norm(s)  # (B, gamma, dim)

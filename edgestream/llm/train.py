@@ -114,7 +114,12 @@ class StreamObjective(nn.Module):
             block = model.layers[i]
             if i == streams.split:
                 start = x.gather(1, batch.positions[:, :, None].expand(-1, -1, x.shape[-1]))
-                s, srope, smask = stream_inputs(model, streams, start, batch.positions, node_mask)
+                next_tokens = (
+                    batch.tokens.gather(1, batch.positions + 1) if streams.token_aware else None
+                )
+                s, srope, smask = stream_inputs(
+                    model, streams, start, batch.positions, node_mask, next_tokens
+                )
             with torch.no_grad():
                 x = block(x, rope, mask, cache, i)
             if s is not None:

@@ -27,17 +27,29 @@ def model() -> Transformer:
     return Transformer.from_hf(tiny_llama(max_position=128))
 
 
-@pytest.fixture(scope="module")
-def streams(model: Transformer) -> SpeculativeStreams:
+def _random_streams(model: Transformer, next_token_rank: int) -> SpeculativeStreams:
     torch.manual_seed(0)
-    s = SpeculativeStreams(
-        model.config, StreamConfig(n_streams=3, n_stream_layers=2, adapter_rank=4)
+    config = StreamConfig(
+        n_streams=3, n_stream_layers=2, adapter_rank=4, next_token_rank=next_token_rank
     )
+    s = SpeculativeStreams(model.config, config)
     # Untrained but not inert: random adapters, so drafts are arbitrary tokens.
     with torch.no_grad():
         for p in s.parameters():
             p.normal_(0, 0.2)
     return s.eval()
+
+
+@pytest.fixture(scope="module")
+def streams(model: Transformer) -> SpeculativeStreams:
+    """Token-aware streams (the default kind): they run after verification."""
+    return _random_streams(model, next_token_rank=4)
+
+
+@pytest.fixture(scope="module")
+def plain_streams(model: Transformer) -> SpeculativeStreams:
+    """Streams without the next-token input, which can also run inside the pass."""
+    return _random_streams(model, next_token_rank=0)
 
 
 def _prompt(n: int, seed: int) -> list[int]:
@@ -48,42 +60,53 @@ def _prompt(n: int, seed: int) -> list[int]:
 @pytest.mark.parametrize("shape", [TreeShape(), TreeShape(top_k=(1, 1, 1), max_nodes=4)])
 @pytest.mark.parametrize("placement", ["accepted", "all"])
 def test_untrained_streams_are_lossless(
-    model: Transformer, streams: SpeculativeStreams, seed: int, shape: TreeShape, placement: str
+    model: Transformer,
+    streams: SpeculativeStreams,
+    plain_streams: SpeculativeStreams,
+    seed: int,
+    shape: TreeShape,
+    placement: str,
 ) -> None:
     prompt = _prompt(4 + 3 * seed, seed)
     ar = generate_ar(model, prompt, 48)
-    ss = generate_ss(model, streams, prompt, 48, shape=shape, placement=placement)
+    chosen = streams if placement == "accepted" else plain_streams
+    ss = generate_ss(model, chosen, prompt, 48, shape=shape, placement=placement)
     assert ss.token_ids == ar.token_ids
     assert ss.forward_passes <= ar.forward_passes
 
 
-def test_main_logits_are_the_base_models(model: Transformer, streams: SpeculativeStreams) -> None:
+def test_main_logits_are_the_base_models(
+    model: Transformer, plain_streams: SpeculativeStreams
+) -> None:
     tokens = torch.tensor([_prompt(12, 1)])
     expected = model(tokens, model.new_cache(16))
-    out = ss_forward(model, streams, tokens, model.new_cache(16))
+    out = ss_forward(model, plain_streams, tokens, model.new_cache(16))
     torch.testing.assert_close(out.main_logits, expected, rtol=0, atol=0)
     assert out.stream_hidden.shape == (1, 12, 3, model.config.dim)
 
 
 def test_streams_after_verification_equal_streams_in_the_pass(
-    model: Transformer, streams: SpeculativeStreams
+    model: Transformer, plain_streams: SpeculativeStreams
 ) -> None:
     """stream_pass for the newest token reproduces that token's in-pass streams."""
     tokens = torch.tensor([_prompt(9, 7)])
-    in_pass = ss_forward(model, streams, tokens, model.new_cache(16))
+    in_pass = ss_forward(model, plain_streams, tokens, model.new_cache(16))
     cache = model.new_cache(16)
-    later = ss_forward(model, streams, tokens, cache, stream_nodes=torch.zeros(0, dtype=torch.long))
+    none = torch.zeros(0, dtype=torch.long)
+    later = ss_forward(model, plain_streams, tokens, cache, stream_nodes=none)
     assert later.stream_hidden.shape[1] == 0
-    after = stream_pass(model, streams, later.split_hidden[:, -1], 8, cache)
+    after = stream_pass(model, plain_streams, later.split_hidden[:, -1], 8, cache, next_token=0)
     torch.testing.assert_close(after, in_pass.stream_hidden[:, -1], rtol=1e-5, atol=1e-5)
 
 
-def test_streams_depend_only_on_the_past(model: Transformer, streams: SpeculativeStreams) -> None:
+def test_streams_depend_only_on_the_past(
+    model: Transformer, plain_streams: SpeculativeStreams
+) -> None:
     """Stream states at position t must not change when later tokens change."""
     a, b = _prompt(10, 2), _prompt(10, 2)
     b[7:] = [5, 6, 7]
-    out_a = ss_forward(model, streams, torch.tensor([a]), model.new_cache(10))
-    out_b = ss_forward(model, streams, torch.tensor([b]), model.new_cache(10))
+    out_a = ss_forward(model, plain_streams, torch.tensor([a]), model.new_cache(10))
+    out_b = ss_forward(model, plain_streams, torch.tensor([b]), model.new_cache(10))
     torch.testing.assert_close(out_a.stream_hidden[:, :7], out_b.stream_hidden[:, :7])
     assert not torch.allclose(out_a.stream_hidden[:, 7:], out_b.stream_hidden[:, 7:])
 
@@ -173,6 +196,13 @@ def test_stream_weights_round_trip(
         load_streams(bad, model)
     with pytest.raises(FileNotFoundError):
         load_streams(tmp_path / "missing.safetensors", model)
+
+
+def test_token_aware_streams_refuse_to_run_inside_the_pass(
+    model: Transformer, streams: SpeculativeStreams
+) -> None:
+    with pytest.raises(ValueError, match="token-aware streams"):
+        ss_forward(model, streams, torch.tensor([_prompt(5, 1)]), model.new_cache(8))
 
 
 def test_stream_config_is_validated(model: Transformer) -> None:

@@ -1,0 +1,102 @@
+"""The speculative-decoding benchmark's bookkeeping on a tiny model (not its timings)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from edgestream.bench.spec import bench_spec, read_spec_prompts
+from edgestream.cli import app
+from edgestream.llm.loading import load_language_model
+from edgestream.llm.methods import MethodOptions, make_decoder
+from edgestream.llm.msa import SpeculativeStreams, StreamConfig, save_streams
+
+QUESTIONS = [
+    {"question_id": 1, "category": "writing", "turns": ["the quick brown fox", "what is"]},
+    {"question_id": 2, "category": "sql", "turns": ["select count(*) from users"]},
+]
+STATS = {
+    "new_tokens",
+    "seconds",
+    "tokens_per_second",
+    "speedup",
+    "mean_accepted",
+    "call_reduction",
+    "exact_match_vs_ar",
+}
+
+
+@pytest.fixture()
+def setup(tiny_model_dir: Path, tmp_path: Path) -> tuple[Path, Path]:
+    prompts = tmp_path / "questions.jsonl"
+    prompts.write_text("".join(json.dumps(q) + "\n" for q in QUESTIONS))
+    lm = load_language_model(str(tiny_model_dir))
+    torch.manual_seed(0)
+    streams = SpeculativeStreams(lm.model.config, StreamConfig(3, 2, 4))
+    save_streams(streams, tmp_path / "streams.safetensors", {})
+    return prompts, tmp_path / "streams.safetensors"
+
+
+def test_ss_matches_ar_and_every_statistic_is_reported(
+    tiny_model_dir: Path, setup: tuple[Path, Path]
+) -> None:
+    prompts, streams = setup
+    lm = load_language_model(str(tiny_model_dir))
+    options = MethodOptions(streams_path=streams)
+    decoders = {m: make_decoder(m, lm, options) for m in ("ar", "ss")}
+    report = bench_spec(lm, decoders, read_spec_prompts(prompts), 12, threads=1)
+    ss = report["methods"]["ss"]
+    assert ss["overall"].keys() == STATS
+    assert set(ss["categories"]) == {"writing", "sql"}
+    assert ss["overall"]["exact_match_vs_ar"] == 1.0 and report["divergent"] == []
+    ar = report["methods"]["ar"]["overall"]
+    assert ar["speedup"] == 1.0 and ar["mean_accepted"] == 1.0
+    assert ss["overall"]["new_tokens"] == ar["new_tokens"]
+
+
+def test_cli_writes_the_json_it_promises(
+    tiny_model_dir: Path, setup: tuple[Path, Path], tmp_path: Path
+) -> None:
+    prompts, streams = setup
+    out = tmp_path / "spec.json"
+    result = CliRunner().invoke(
+        app,
+        [
+            "bench",
+            "spec",
+            "--prompts",
+            str(prompts),
+            "--model",
+            str(tiny_model_dir),
+            "--streams",
+            str(streams),
+            "--max-new-tokens",
+            "8",
+            "--threads",
+            "1",
+            "--json",
+            str(out),
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    report = json.loads(out.read_text())
+    assert {"model", "max_new_tokens", "methods"} <= report.keys()
+    assert set(report["methods"]) == {"ar", "ss"}
+
+
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        ("{not json", "expected a JSON object"),
+        ('{"question_id": 1, "category": "x", "turns": []}', "non-empty list"),
+    ],
+)
+def test_bad_question_files_are_refused(tmp_path: Path, line: str, message: str) -> None:
+    path = tmp_path / "q.jsonl"
+    path.write_text(line + "\n")
+    with pytest.raises(ValueError, match=message):
+        read_spec_prompts(path)
