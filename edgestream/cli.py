@@ -363,6 +363,9 @@ def train_streams_command(
     adapter_rank: Annotated[
         int, typer.Option(help="Stream adapter rank (0: embeddings only).")
     ] = 16,
+    next_token_rank: Annotated[
+        int, typer.Option(help="Rank of the next-token input map (0: off).")
+    ] = 16,
     steps: Annotated[int, typer.Option(help="Optimizer steps.")] = 2000,
     batch: Annotated[int, typer.Option(help="Sequences per step (per process).")] = 8,
     positions: Annotated[int, typer.Option(help="Trained positions per sequence.")] = 48,
@@ -382,7 +385,7 @@ def train_streams_command(
 
     if mode != "lossless":
         raise ValueError(f"unknown mode {mode!r}: only 'lossless' is implemented so far")
-    stream_config = StreamConfig(streams, stream_layers, adapter_rank)
+    stream_config = StreamConfig(streams, stream_layers, adapter_rank, next_token_rank)
     config = TrainConfig(
         steps=steps, batch_sequences=batch, positions_per_sequence=positions, lr=lr
     )
