@@ -366,9 +366,12 @@ def train_streams_command(
     next_token_rank: Annotated[
         int, typer.Option(help="Rank of the next-token input map (0: off).")
     ] = 16,
+    draft_vocab: Annotated[
+        int, typer.Option(help="Draft among the N most frequent answer tokens (0: all).")
+    ] = 8192,
     steps: Annotated[int, typer.Option(help="Optimizer steps.")] = 2000,
-    batch: Annotated[int, typer.Option(help="Sequences per step (per process).")] = 8,
-    positions: Annotated[int, typer.Option(help="Trained positions per sequence.")] = 48,
+    batch: Annotated[int, typer.Option(help="Sequences per step (per process).")] = 4,
+    positions: Annotated[int, typer.Option(help="Trained positions per sequence.")] = 128,
     lr: Annotated[float, typer.Option(help="Peak learning rate.")] = 2e-3,
     threads: Annotated[int | None, typer.Option(help="CPU threads per process.")] = None,
 ) -> None:
@@ -385,7 +388,7 @@ def train_streams_command(
 
     if mode != "lossless":
         raise ValueError(f"unknown mode {mode!r}: only 'lossless' is implemented so far")
-    stream_config = StreamConfig(streams, stream_layers, adapter_rank, next_token_rank)
+    stream_config = StreamConfig(streams, stream_layers, adapter_rank, next_token_rank, draft_vocab)
     config = TrainConfig(
         steps=steps, batch_sequences=batch, positions_per_sequence=positions, lr=lr
     )

@@ -158,16 +158,22 @@ class GlobalCmvn:
 
     def to_dict(self) -> dict[str, object]:
         # Python floats print as the shortest exact repr, so float32 values round-trip.
-        return {"mean": [float(x) for x in self.mean], "std": [float(x) for x in self.std],
-                "frames": self.frames}
+        return {
+            "mean": [float(x) for x in self.mean],
+            "std": [float(x) for x in self.std],
+            "frames": self.frames,
+        }
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> GlobalCmvn:
         missing = {"mean", "std", "frames"} - set(data)
         if missing:
             raise ValueError(f"expected CMVN keys mean, std, frames; missing {sorted(missing)}")
-        return cls(np.asarray(data["mean"], np.float32), np.asarray(data["std"], np.float32),
-                   int(data["frames"]))
+        return cls(
+            np.asarray(data["mean"], np.float32),
+            np.asarray(data["std"], np.float32),
+            int(data["frames"]),
+        )
 
     def save(self, path: str | Path) -> None:
         """Write JSON atomically (temporary file, then rename)."""

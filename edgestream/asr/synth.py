@@ -74,14 +74,26 @@ class AugmentRanges:
 
 
 TRAIN_AUGMENT = AugmentRanges(
-    speed=(0.9, 1.1), reverb_prob=0.5, rt60_s=(0.15, 0.9), drr_db=(-2.0, 12.0),
-    noise_prob=0.7, snr_db=(3.0, 30.0), floor_snr_db=(45.0, 65.0),
-    level_dbfs=(-38.0, -14.0), pad_s=(0.05, 0.5),
+    speed=(0.9, 1.1),
+    reverb_prob=0.5,
+    rt60_s=(0.15, 0.9),
+    drr_db=(-2.0, 12.0),
+    noise_prob=0.7,
+    snr_db=(3.0, 30.0),
+    floor_snr_db=(45.0, 65.0),
+    level_dbfs=(-38.0, -14.0),
+    pad_s=(0.05, 0.5),
 )
 EVAL_AUGMENT = AugmentRanges(  # mild: realistic test audio without drowning the voices
-    speed=(0.95, 1.05), reverb_prob=0.3, rt60_s=(0.1, 0.5), drr_db=(4.0, 12.0),
-    noise_prob=0.5, snr_db=(12.0, 30.0), floor_snr_db=(50.0, 65.0),
-    level_dbfs=(-32.0, -18.0), pad_s=(0.1, 0.4),
+    speed=(0.95, 1.05),
+    reverb_prob=0.3,
+    rt60_s=(0.1, 0.5),
+    drr_db=(4.0, 12.0),
+    noise_prob=0.5,
+    snr_db=(12.0, 30.0),
+    floor_snr_db=(50.0, 65.0),
+    level_dbfs=(-32.0, -18.0),
+    pad_s=(0.1, 0.4),
 )
 
 
@@ -91,21 +103,72 @@ class SynthConfig:
 
     # eSpeak NG English voices ("en" is British English; "en-gb" is not a voice name).
     accents: tuple[str, ...] = (
-        "en-us", "en", "en-gb-scotland", "en-gb-x-rp", "en-gb-x-gbclan", "en-gb-x-gbcwmd",
-        "en-029", "en-us-nyc",
+        "en-us",
+        "en",
+        "en-gb-scotland",
+        "en-gb-x-rp",
+        "en-gb-x-gbclan",
+        "en-gb-x-gbcwmd",
+        "en-029",
+        "en-us-nyc",
     )
     # eSpeak voice variants (`voices/!v/`) for train and dev, and held out for test only.
     # Variants with a `breath` setting (f2, f3, f5, Alicia, Reed, victor, ...) are left out:
     # libespeak-ng 1.52 makes their breath noise differ from process to process.
     seen_variants: tuple[str, ...] = (
-        "f1", "m1", "m2", "m4", "m5", "m6", "m7", "klatt", "klatt2", "klatt4", "Alex", "Andy",
-        "Annie", "Denis", "Gene", "Jacky", "Lee", "Mario", "Michael", "Nguyen", "adam", "anika",
-        "aunty", "belinda", "benjamin", "croak", "david", "ed", "edward", "grandma", "gustave",
-        "iven", "linda", "max", "michel", "mike2", "paul", "pedro", "rob", "robert", "shelby",
-        "travis", "zac",
+        "f1",
+        "m1",
+        "m2",
+        "m4",
+        "m5",
+        "m6",
+        "m7",
+        "klatt",
+        "klatt2",
+        "klatt4",
+        "Alex",
+        "Andy",
+        "Annie",
+        "Denis",
+        "Gene",
+        "Jacky",
+        "Lee",
+        "Mario",
+        "Michael",
+        "Nguyen",
+        "adam",
+        "anika",
+        "aunty",
+        "belinda",
+        "benjamin",
+        "croak",
+        "david",
+        "ed",
+        "edward",
+        "grandma",
+        "gustave",
+        "iven",
+        "linda",
+        "max",
+        "michel",
+        "mike2",
+        "paul",
+        "pedro",
+        "rob",
+        "robert",
+        "shelby",
+        "travis",
+        "zac",
     )
     unseen_variants: tuple[str, ...] = (
-        "f4", "m3", "m8", "klatt3", "Andrea", "grandpa", "steph", "quincy",
+        "f4",
+        "m3",
+        "m8",
+        "klatt3",
+        "Andrea",
+        "grandpa",
+        "steph",
+        "quincy",
     )
     espeak_rate_wpm: tuple[int, int] = (135, 215)
     espeak_pitch: tuple[int, int] = (25, 75)  # base pitch, eSpeak scale 0-99
@@ -208,8 +271,12 @@ def read_manifest(path: str | Path) -> list[ManifestEntry]:
             if "audio" not in row or "text" not in row:
                 raise ValueError(f"{path}:{number}: expected keys audio and text, got {list(row)}")
             entries.append(
-                ManifestEntry(row["audio"], row["text"], float(row.get("duration", 0.0)),
-                              str(row.get("group", "")))
+                ManifestEntry(
+                    row["audio"],
+                    row["text"],
+                    float(row.get("duration", 0.0)),
+                    str(row.get("group", "")),
+                )
             )
     return entries
 
@@ -244,8 +311,14 @@ class Espeak:
         lib.espeak_SetVoiceByName.argtypes = [ctypes.c_char_p]
         lib.espeak_SetParameter.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int]
         lib.espeak_Synth.argtypes = [
-            ctypes.c_void_p, ctypes.c_size_t, ctypes.c_uint, ctypes.c_int, ctypes.c_uint,
-            ctypes.c_uint, ctypes.c_void_p, ctypes.c_void_p,
+            ctypes.c_void_p,
+            ctypes.c_size_t,
+            ctypes.c_uint,
+            ctypes.c_int,
+            ctypes.c_uint,
+            ctypes.c_uint,
+            ctypes.c_void_p,
+            ctypes.c_void_p,
         ]
         data = espeakng_loader.get_data_path().encode()
         rate = lib.espeak_Initialize(_AUDIO_OUTPUT_SYNCHRONOUS, 0, data, _INITIALIZE_DONT_EXIT)
@@ -352,7 +425,9 @@ def _to_16k(samples: np.ndarray, sample_rate: int, speed: float) -> np.ndarray:
 
 
 def _babble(
-    talkers: Sequence[tuple[str, EspeakVoice]], length: int, espeak: Espeak,
+    talkers: Sequence[tuple[str, EspeakVoice]],
+    length: int,
+    espeak: Espeak,
     rng: np.random.Generator,
 ) -> np.ndarray:
     """Unit-power sum of other utterances, each looped and randomly shifted, (length,)."""
@@ -402,7 +477,9 @@ def _pick(rng: np.random.Generator, items: Sequence[str]) -> str:
 
 
 def _draw_augment(
-    rng: np.random.Generator, ranges: AugmentRanges, config: SynthConfig,
+    rng: np.random.Generator,
+    ranges: AugmentRanges,
+    config: SynthConfig,
     talker_texts: Sequence[str],
 ) -> Augment:
     rt60 = _uniform(rng, ranges.rt60_s) if rng.random() < ranges.reverb_prob else 0.0
@@ -418,10 +495,16 @@ def _draw_augment(
             for _ in range(count)
         )
     return Augment(
-        speed=_uniform(rng, ranges.speed), rt60_s=rt60, drr_db=_uniform(rng, ranges.drr_db),
-        noise=noise, snr_db=snr, level_dbfs=_uniform(rng, ranges.level_dbfs),
-        pad_start_s=_uniform(rng, ranges.pad_s), pad_end_s=_uniform(rng, ranges.pad_s),
-        seed=int(rng.integers(2**31)), babble=babble,
+        speed=_uniform(rng, ranges.speed),
+        rt60_s=rt60,
+        drr_db=_uniform(rng, ranges.drr_db),
+        noise=noise,
+        snr_db=snr,
+        level_dbfs=_uniform(rng, ranges.level_dbfs),
+        pad_start_s=_uniform(rng, ranges.pad_s),
+        pad_end_s=_uniform(rng, ranges.pad_s),
+        seed=int(rng.integers(2**31)),
+        babble=babble,
     )
 
 
@@ -482,8 +565,11 @@ def plan_corpus(
     """
     if not hours > 0:
         raise ValueError(f"expected hours > 0, got {hours}")
-    shares = {"train": 1 - config.dev_fraction - config.test_fraction,
-              "dev": config.dev_fraction, "test": config.test_fraction}
+    shares = {
+        "train": 1 - config.dev_fraction - config.test_fraction,
+        "dev": config.dev_fraction,
+        "test": config.test_fraction,
+    }
     plan: list[Utterance] = []
     for split_index, split in enumerate(SPLITS):
         pool = sentences.get(split)
@@ -524,7 +610,8 @@ def synthesize_block(out_dir: str, block: Sequence[Utterance], config: SynthConf
     espeak = Espeak()
     piper = (
         Piper(block[0].augment.seed)
-        if any(isinstance(u.voice, PiperStyle) for u in block) else None
+        if any(isinstance(u.voice, PiperStyle) for u in block)
+        else None
     )
     for utterance in block:
         if isinstance(utterance.voice, EspeakVoice):
@@ -565,8 +652,13 @@ def _describe(
     digest = hashlib.blake2b(digest_size=16)
     for split in SPLITS:
         digest.update("\n".join(splits.get(split)).encode() + b"\0")
-    description = {"version": MANIFEST_VERSION, "hours": hours, "seed": seed,
-                   "sentences": digest.hexdigest(), "config": asdict(config)}
+    description = {
+        "version": MANIFEST_VERSION,
+        "hours": hours,
+        "seed": seed,
+        "sentences": digest.hexdigest(),
+        "config": asdict(config),
+    }
     return json.loads(json.dumps(description))
 
 
@@ -618,7 +710,8 @@ def synthesize_corpus(
     out.mkdir(parents=True, exist_ok=True)
     _check_previous_run(out, _describe(hours, seed, config, splits))
     pending = [
-        block for block in _blocks(plan, config.block_size)
+        block
+        for block in _blocks(plan, config.block_size)
         if not all((out / u.path).exists() for u in block)
     ]
     synthesized = sum(len(block) for block in pending)
@@ -646,8 +739,9 @@ def _write_manifests(out: Path, plan: Sequence[Utterance], synthesized: int) -> 
         entries = []
         for utterance in (u for u in plan if u.split == split):
             duration = sf.info(out / utterance.path).frames / SAMPLE_RATE
-            entries.append(ManifestEntry(utterance.path, utterance.text, round(duration, 4),
-                                         utterance.group))
+            entries.append(
+                ManifestEntry(utterance.path, utterance.text, round(duration, 4), utterance.group)
+            )
             by_group = seconds.setdefault(split, {})
             by_group[utterance.group] = by_group.get(utterance.group, 0.0) + duration
         manifests[split] = out / f"{split}.jsonl"

@@ -28,29 +28,62 @@ VOCAB = "abcdefghijklmnopqrstuvwxyz' "  # every character a transcript may conta
 SOURCES = ("gsm8k", "dialogsum", "e2e", "spider", "xsum", "squad")  # English sources in llm/
 
 _ONES = (
-    "zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten",
-    "eleven", "twelve", "thirteen", "fourteen", "fifteen", "sixteen", "seventeen", "eighteen",
+    "zero",
+    "one",
+    "two",
+    "three",
+    "four",
+    "five",
+    "six",
+    "seven",
+    "eight",
+    "nine",
+    "ten",
+    "eleven",
+    "twelve",
+    "thirteen",
+    "fourteen",
+    "fifteen",
+    "sixteen",
+    "seventeen",
+    "eighteen",
     "nineteen",
 )
 _TENS = ("", "", "twenty", "thirty", "forty", "fifty", "sixty", "seventy", "eighty", "ninety")
 _SCALES = ((10**12, "trillion"), (10**9, "billion"), (10**6, "million"), (1000, "thousand"))
 _ORDINAL_WORDS = {
-    "one": "first", "two": "second", "three": "third", "five": "fifth", "eight": "eighth",
-    "nine": "ninth", "twelve": "twelfth",
+    "one": "first",
+    "two": "second",
+    "three": "third",
+    "five": "fifth",
+    "eight": "eighth",
+    "nine": "ninth",
+    "twelve": "twelfth",
 }
 _FRACTION_DENOMINATORS = {2: ("half", "halves"), 4: ("quarter", "quarters")}
 _CURRENCIES = {"$": ("dollar", "cent"), "£": ("pound", "penny"), "€": ("euro", "cent")}
 _SCALE_SUFFIXES = {
-    "m": "million", "million": "million", "bn": "billion", "billion": "billion",
-    "k": "thousand", "thousand": "thousand", "trillion": "trillion",
+    "m": "million",
+    "million": "million",
+    "bn": "billion",
+    "billion": "billion",
+    "k": "thousand",
+    "thousand": "thousand",
+    "trillion": "trillion",
 }
 # Titles are expanded before sentence splitting, since "Mr. Smith" is no sentence end.
 _TITLES = (
-    (r"\bMrs\.", "Missus"), (r"\bMr\.", "Mister"), (r"\bMs\.", "Miss"), (r"\bDr\.", "Doctor"),
+    (r"\bMrs\.", "Missus"),
+    (r"\bMr\.", "Mister"),
+    (r"\bMs\.", "Miss"),
+    (r"\bDr\.", "Doctor"),
 )
 _ABBREVIATIONS = (
-    (r"\bvs\.", "versus"), (r"\be\.g\.", "for example"), (r"\bi\.e\.", "that is"),
-    (r"\betc\.", "et cetera"), (r"&", " and "),
+    (r"\bvs\.", "versus"),
+    (r"\be\.g\.", "for example"),
+    (r"\bi\.e\.", "that is"),
+    (r"\betc\.", "et cetera"),
+    (r"&", " and "),
 )
 _PUNCTUATION = re.compile(r"[\s,.;:!?\"()\[\]\-–—]+")
 _SENTENCE_END = re.compile(r"(?<=[.!?])[\"')\]]*\s+(?=[\"'(\[]?[A-Z0-9])|\n+")

@@ -21,7 +21,7 @@ import torch
 from torch import Tensor
 
 from edgestream.llm.model import Transformer
-from edgestream.llm.msa import SpeculativeStreams, ss_forward, stream_logits, stream_pass
+from edgestream.llm.msa import DraftHead, SpeculativeStreams, ss_forward, stream_pass
 from edgestream.llm.tree import TreeShape, accept_greedy, build_tree, tree_mask
 
 TokenCallback = Callable[[int], None]
@@ -170,12 +170,6 @@ class _Emitter:
         return "length" if self.budget == max_new_tokens else "context"
 
 
-def _top_candidates(logits: Tensor, k: int) -> tuple[Tensor, Tensor]:
-    """(gamma, vocab) stream logits -> top-k tokens and their log-probabilities, (gamma, k)."""
-    log_probs, tokens = torch.log_softmax(logits, dim=-1).topk(k, dim=-1)
-    return tokens, log_probs
-
-
 STREAM_PLACEMENTS = ("accepted", "all")
 
 
@@ -189,6 +183,7 @@ def generate_ss(
     shape: TreeShape = TreeShape(),
     on_token: TokenCallback | None = None,
     placement: str = "accepted",
+    head: DraftHead | None = None,
 ) -> GenerationResult:
     """Greedy Speculative Streaming decoding; the output equals `generate_ar`'s greedy output.
 
@@ -197,6 +192,7 @@ def generate_ss(
     streams after verification, for the last accepted node only (the top N_s layers for gamma
     rows); on a CPU that costs less than streams at every node. Forward passes count the
     verification passes; the "accepted" stream runs are a fraction of a pass each.
+    `head` is the streams' draft head, built here when not given (pass one to reuse it).
     """
     if placement not in STREAM_PLACEMENTS:
         raise ValueError(f"unknown placement {placement!r}: expected {STREAM_PLACEMENTS}")
@@ -205,6 +201,7 @@ def generate_ss(
     out = _Emitter(budget, stop_ids, on_token)
     k = max(shape.top_k)
     start = time.perf_counter()
+    head = head or DraftHead(model, streams)
     cache = model.new_cache(len(prompt_ids) + budget + shape.max_nodes)
     P = len(prompt_ids)
     nodes = torch.tensor([P - 1]) if in_pass else torch.zeros(0, dtype=torch.long)
@@ -215,7 +212,7 @@ def generate_ss(
         drafts = step.stream_hidden[0, 0]
     else:
         drafts = stream_pass(model, streams, step.split_hidden[:, -1], P - 1, cache, root)[0]
-    candidates, log_probs = _top_candidates(stream_logits(model, drafts), k)
+    candidates, log_probs = head.top_k(drafts, k)
     out.emit([root])
     while not out.done:
         # The root is certain but not yet in the cache; a node at depth d would emit d + 1
@@ -248,7 +245,7 @@ def generate_ss(
             drafts = stream_pass(model, streams, step.split_hidden[:, last], position, cache, root)[
                 0
             ]
-        candidates, log_probs = _top_candidates(stream_logits(model, drafts), k)
+        candidates, log_probs = head.top_k(drafts, k)
     seconds = time.perf_counter() - start
     return GenerationResult(out.ids, passes, seconds, out.finish_reason(max_new_tokens))
 

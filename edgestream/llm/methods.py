@@ -18,7 +18,7 @@ from edgestream.llm.engine import (
     generate_ss,
 )
 from edgestream.llm.loading import LanguageModel
-from edgestream.llm.msa import SpeculativeStreams, load_streams
+from edgestream.llm.msa import DraftHead, SpeculativeStreams, load_streams
 from edgestream.llm.tree import TreeShape
 
 METHODS = ("ar", "ss")
@@ -63,4 +63,7 @@ def make_decoder(
             "speculative sampling over the tree, not yet implemented; use --method ar"
         )
     streams, _ = resolve_streams(lm, options.streams_path)
-    return lambda ids, n, cb: generate_ss(lm.model, streams, ids, n, stop, options.tree, cb)
+    head = DraftHead(lm.model, streams)
+    return lambda ids, n, cb: generate_ss(
+        lm.model, streams, ids, n, stop, options.tree, cb, head=head
+    )

@@ -45,6 +45,14 @@ class ModelConfig:
                 f"n_heads ({self.n_heads}) must be a multiple of n_kv_heads ({self.n_kv_heads})"
             )
 
+    def lm_head_weight(self) -> Tensor:
+        """The plain (vocab, dim) LM head weight, for heads over part of the vocabulary."""
+        if self.config.tie_embeddings:
+            return self.tok_embeddings.weight
+        if isinstance(self.output, nn.Linear):
+            return self.output.weight
+        raise ValueError("an untied LM head has no plain weight once packed: load with pack=False")
+
     def pack_weights(self) -> Transformer:
         """Replace every linear layer by a `PackedLinear`, in place; inference only afterwards.
 
@@ -362,6 +370,14 @@ class Transformer(nn.Module):
         if last_only:
             h = h[:, -1:]
         return self.output(h).float()
+
+    def lm_head_weight(self) -> Tensor:
+        """The plain (vocab, dim) LM head weight, for heads over part of the vocabulary."""
+        if self.config.tie_embeddings:
+            return self.tok_embeddings.weight
+        if isinstance(self.output, nn.Linear):
+            return self.output.weight
+        raise ValueError("an untied LM head has no plain weight once packed: load with pack=False")
 
     def pack_weights(self) -> Transformer:
         """Replace every linear layer by a `PackedLinear`, in place; inference only afterwards.

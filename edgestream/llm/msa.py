@@ -22,7 +22,14 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from edgestream.llm.model import Block, KVCache, Transformer, apply_rotary
+from edgestream.llm.model import (
+    Block,
+    KVCache,
+    PackedLinear,
+    Transformer,
+    apply_rotary,
+    can_pack_weights,
+)
 
 
 @dataclass(frozen=True)
@@ -33,6 +40,10 @@ class StreamConfig:
     # Rank of a map from the embedding of the main stream's next token (the draft root) into
     # the streams' input; 0 = off. Needs the root before the streams run: placement "accepted".
     next_token_rank: int = 16
+    # Streams draft only among this many of the most frequent answer tokens (0 = the whole
+    # vocabulary): a 6x smaller LM head for training and drafting, at the cost of never
+    # proposing a rare token (verification stays exact either way).
+    draft_vocab_size: int = 8192
 
     def __post_init__(self) -> None:
         for name, value, low in (
@@ -40,6 +51,7 @@ class StreamConfig:
             ("n_stream_layers", self.n_stream_layers, 1),
             ("adapter_rank", self.adapter_rank, 0),
             ("next_token_rank", self.next_token_rank, 0),
+            ("draft_vocab_size", self.draft_vocab_size, 0),
         ):
             if value < low:
                 raise ValueError(f"{name} must be >= {low}, got {value}")
@@ -94,6 +106,13 @@ class SpeculativeStreams(nn.Module):
         self.next_token = (
             LowRank(dim, dim, config.next_token_rank) if config.next_token_rank else None
         )
+        if config.draft_vocab_size > model_config.vocab_size:
+            raise ValueError(
+                f"draft_vocab_size ({config.draft_vocab_size}) exceeds the vocabulary "
+                f"({model_config.vocab_size})"
+            )
+        # Token ids of the draft vocabulary, most frequent first; set by training.
+        self.register_buffer("draft_vocab", torch.arange(config.draft_vocab_size))
         self.adapters = nn.ModuleList()
         if config.adapter_rank:
             template = Block(model_config)
@@ -193,13 +212,28 @@ class StreamOutput:
     stream_hidden: Tensor  # (B, n, gamma, dim) final-norm stream states at the chosen nodes
 
 
-def stream_logits(model: Transformer, stream_hidden: Tensor) -> Tensor:
-    """(gamma, vocab) float32 logits from one node's final-norm stream states (gamma, dim).
+class DraftHead:
+    """The LM head the streams draft with: the model's own, restricted to the draft vocabulary.
 
-    Only the node that was accepted last needs them: running the LM head for every node's
-    streams would cost more than the streams themselves.
+    Only the node that was accepted last needs draft logits: running the LM head for every
+    node's streams would cost more than the streams themselves.
     """
-    return model.output(stream_hidden).float()
+
+    def __init__(self, model: Transformer, streams: SpeculativeStreams) -> None:
+        self.vocab: Tensor | None = None
+        self.head: nn.Module = model.output
+        if streams.config.draft_vocab_size:
+            self.vocab = streams.draft_vocab
+            rows = model.lm_head_weight()[self.vocab]  # (V_d, dim), a copy
+            linear = nn.Linear(rows.shape[1], rows.shape[0], bias=False, dtype=rows.dtype)
+            linear.weight = nn.Parameter(rows, requires_grad=False)
+            self.head = PackedLinear(linear) if can_pack_weights() else linear
+
+    def top_k(self, stream_hidden: Tensor, k: int) -> tuple[Tensor, Tensor]:
+        """(gamma, dim) final-norm states -> top-k token ids and log-probabilities (gamma, k)."""
+        log_probs, index = torch.log_softmax(self.head(stream_hidden).float(), -1).topk(k, -1)
+        tokens = index if self.vocab is None else self.vocab[index]
+        return tokens, log_probs
 
 
 def stream_inputs(

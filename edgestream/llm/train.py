@@ -39,8 +39,8 @@ IGNORE = -100  # cross-entropy target for positions without a label
 @dataclass(frozen=True)
 class TrainConfig:
     steps: int = 2000
-    batch_sequences: int = 8  # sequences per step (per rank)
-    positions_per_sequence: int = 48  # answer positions whose streams are trained per sequence
+    batch_sequences: int = 4  # sequences per step (per rank)
+    positions_per_sequence: int = 128  # answer positions whose streams train, per sequence
     lr: float = 2e-3
     warmup_steps: int = 100
     stream_weight: float = 0.1  # alpha_j, the same for every stream as in the paper
@@ -98,6 +98,19 @@ class StreamObjective(nn.Module):
         self.model = model
         self.streams = streams
         self.captured_at = captured_at
+        vocab = model.config.vocab_size
+        if streams.config.draft_vocab_size:
+            ids = streams.draft_vocab
+            self.register_buffer(
+                "head_weight", model.lm_head_weight()[ids].detach(), persistent=False
+            )
+            # Targets outside the draft vocabulary cannot be drafted: no label for them.
+            lookup = torch.full((vocab,), IGNORE, dtype=torch.long)
+            lookup[ids] = torch.arange(len(ids))
+        else:
+            self.register_buffer("head_weight", model.lm_head_weight().detach(), persistent=False)
+            lookup = torch.arange(vocab)
+        self.register_buffer("target_index", lookup, persistent=False)
 
     def forward(self, batch: Batch, stream_weight: float) -> tuple[Tensor, Tensor, Tensor]:
         """Returns (loss, top-1 hits per stream, labels per stream)."""
@@ -125,12 +138,18 @@ class StreamObjective(nn.Module):
             if s is not None:
                 s = stream_layer(block, adapter_for(streams, i), s, srope, smask, cache, i, L)
         assert s is not None
-        logits = model.output(model.norm(s)).float().view(B, -1, gamma, model.config.vocab_size)
+        logits = (
+            F.linear(model.norm(s), self.head_weight)
+            .float()
+            .view(B, -1, gamma, len(self.head_weight))
+        )
         labelled = batch.targets != IGNORE
+        targets = torch.where(labelled, self.target_index[batch.targets.clamp(min=0)], IGNORE)
+        labelled = targets != IGNORE
         per_stream = [
             F.cross_entropy(
                 logits[:, :, j].flatten(0, 1),
-                batch.targets[:, :, j].flatten(),
+                targets[:, :, j].flatten(),
                 ignore_index=IGNORE,
                 reduction="sum",
             )
@@ -138,8 +157,20 @@ class StreamObjective(nn.Module):
             for j in range(gamma)
         ]
         loss = stream_weight * torch.stack(per_stream).sum()
-        hits = ((logits.argmax(-1) == batch.targets) & labelled).sum(dim=(0, 1))
+        hits = ((logits.argmax(-1) == targets) & labelled).sum(dim=(0, 1))
         return loss, hits.detach(), labelled.sum(dim=(0, 1))
+
+
+def frequent_answer_tokens(records: list[dict], n: int) -> Tensor:
+    """The n most frequent tokens in the distilled answers, most frequent first (ties by id)."""
+    counts = torch.zeros(max(int(r["tokens"].max()) for r in records) + 1, dtype=torch.long)
+    for r in records:
+        answer = r["tokens"][r["prompt_length"] :]
+        counts += torch.bincount(answer, minlength=len(counts))
+    if n > len(counts):
+        counts = torch.cat([counts, torch.zeros(n - len(counts), dtype=torch.long)])
+    # A stable sort on descending counts keeps ties in id order, so every rank agrees.
+    return torch.sort(counts, descending=True, stable=True).indices[:n]
 
 
 def _lr_at(step: int, config: TrainConfig) -> float:
@@ -183,6 +214,8 @@ def train_streams(
         raise ValueError("no training sequences")
     torch.manual_seed(config.seed)  # identical initial streams on every rank
     streams = SpeculativeStreams(model.config, stream_config)
+    if stream_config.draft_vocab_size:
+        streams.draft_vocab.copy_(frequent_answer_tokens(records, stream_config.draft_vocab_size))
     optimizer = torch.optim.AdamW(streams.parameters(), lr=config.lr, weight_decay=0.0)
     checkpoint = out_dir / "checkpoint.pt"
     step = 0
@@ -197,7 +230,8 @@ def train_streams(
         step = state["step"]
     objective: nn.Module = StreamObjective(model.requires_grad_(False), streams, captured_at)
     if world > 1:
-        objective = nn.parallel.DistributedDataParallel(objective)
+        # Buffers (RoPE tables, the draft head) are identical everywhere: no need to resend.
+        objective = nn.parallel.DistributedDataParallel(objective, broadcast_buffers=False)
     mine = records[rank::world]
     rng = random.Random(config.seed * 1000 + rank * 7919 + step)
     out_dir.mkdir(parents=True, exist_ok=True)

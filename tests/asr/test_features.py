@@ -98,8 +98,9 @@ def test_bad_input_is_refused() -> None:
 
 def test_cmvn_estimates_normalizes_and_round_trips(tmp_path: Path) -> None:
     rng = np.random.default_rng(0)
-    batches = [(rng.standard_normal((n, NUM_MEL_BINS)) * 3 + 7).astype(np.float32)
-               for n in (500, 1200, 3)]
+    batches = [
+        (rng.standard_normal((n, NUM_MEL_BINS)) * 3 + 7).astype(np.float32) for n in (500, 1200, 3)
+    ]
     cmvn = GlobalCmvn.from_features(batches)
     assert cmvn.frames == 1703
     normalized = cmvn.normalize(np.concatenate(batches))

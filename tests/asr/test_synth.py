@@ -43,8 +43,17 @@ SENTENCES = SentenceSplits(
     dev=("she plays the violin well",),
     test=("a quiet morning by the lake", "turn left at the bridge"),
 )
-CLEAN = Augment(speed=1.0, rt60_s=0.0, drr_db=0.0, noise="white", snr_db=80.0,
-                level_dbfs=-20.0, pad_start_s=0.0, pad_end_s=0.0, seed=0)
+CLEAN = Augment(
+    speed=1.0,
+    rt60_s=0.0,
+    drr_db=0.0,
+    noise="white",
+    snr_db=80.0,
+    level_dbfs=-20.0,
+    pad_start_s=0.0,
+    pad_end_s=0.0,
+    seed=0,
+)
 
 
 def test_config_rejects_a_voice_both_seen_and_unseen() -> None:
@@ -60,7 +69,10 @@ def test_plan_is_deterministic_splits_voices_and_fills_the_hours() -> None:
     assert [u for u in plan if u.split != "train"] == [u for u in other if u.split != "train"]
     assert [u for u in plan if u.split == "train"] != [u for u in other if u.split == "train"]
     assert {(u.split, u.group) for u in plan} == {
-        ("train", "espeak-seen"), ("train", "piper"), ("dev", "espeak-seen"), ("dev", "piper"),
+        ("train", "espeak-seen"),
+        ("train", "piper"),
+        ("dev", "espeak-seen"),
+        ("dev", "piper"),
         *(("test", group) for group in GROUPS),
     }
     for u in plan:
@@ -105,8 +117,12 @@ def test_espeak_voices_sound_the_same_in_every_process() -> None:
         "    print(v, hashlib.sha1(a.tobytes()).hexdigest())\n"
     )
     root = Path(__file__).resolve().parents[2]
-    runs = [subprocess.run([sys.executable, "-c", script], cwd=root, capture_output=True,
-                           text=True, check=True).stdout for _ in range(2)]
+    runs = [
+        subprocess.run(
+            [sys.executable, "-c", script], cwd=root, capture_output=True, text=True, check=True
+        ).stdout
+        for _ in range(2)
+    ]
     assert runs[0] == runs[1]
 
 
@@ -114,8 +130,9 @@ def test_espeak_voices_sound_the_same_in_every_process() -> None:
 def test_espeak_speaks_a_sentence_at_22khz_for_a_plausible_duration() -> None:
     espeak = Espeak()
     slow = espeak.synthesize("we walked home in the rain", EspeakVoice("en-us+m1", 140, 50, 50))
-    fast = espeak.synthesize("we walked home in the rain", EspeakVoice("en-gb-scotland+f1",
-                                                                         210, 60, 40))
+    fast = espeak.synthesize(
+        "we walked home in the rain", EspeakVoice("en-gb-scotland+f1", 210, 60, 40)
+    )
     assert espeak.sample_rate == 22_050 and slow.dtype == np.float32
     assert 1.2 < len(slow) / espeak.sample_rate < 3.5
     assert len(fast) < 0.85 * len(slow)  # rate is applied
@@ -138,9 +155,9 @@ def test_piper_speaks_a_sentence_with_headroom() -> None:
 def test_augment_resamples_pads_and_sets_snr_and_level() -> None:
     rng = np.random.default_rng(0)
     speech = (0.3 * np.sin(np.arange(22_050) * 0.05) * rng.uniform(0.5, 1, 22_050)).astype(
-        np.float32)
-    augment = dataclasses.replace(CLEAN, speed=1.1, snr_db=10.0, pad_start_s=0.25,
-                                  pad_end_s=0.5)
+        np.float32
+    )
+    augment = dataclasses.replace(CLEAN, speed=1.1, snr_db=10.0, pad_start_s=0.25, pad_end_s=0.5)
     out = augment_speech(speech, 22_050, augment, espeak=None)
     voiced = round(SAMPLE_RATE / 1.1)  # one second of input, sped up by 1.1
     assert abs(len(out) - (voiced + 4000 + 8000)) <= 1
@@ -178,15 +195,21 @@ def test_corpus_is_valid_deterministic_and_resumable(tmp_path: Path) -> None:
     calls: list[tuple[int, int]] = []
 
     def run(out: Path) -> None:
-        synthesize_corpus(out, hours=0.004, seed=3, workers=2, config=config,
-                          sentences=SENTENCES, progress=lambda d, t: calls.append((d, t)))
+        synthesize_corpus(
+            out,
+            hours=0.004,
+            seed=3,
+            workers=2,
+            config=config,
+            sentences=SENTENCES,
+            progress=lambda d, t: calls.append((d, t)),
+        )
 
     first = tmp_path / "first"
     run(first)
     total = calls[-1][1]
     assert calls[0] == (0, total) and calls[-1] == (total, total)
-    entries = {split: read_manifest(first / f"{split}.jsonl") for split in ("train", "dev",
-                                                                            "test")}
+    entries = {split: read_manifest(first / f"{split}.jsonl") for split in ("train", "dev", "test")}
     assert sum(map(len, entries.values())) == total
     assert {e.group for e in entries["test"]} == set(GROUPS if use_piper else GROUPS[:2])
     for split, rows in entries.items():
@@ -204,8 +227,15 @@ def test_corpus_is_valid_deterministic_and_resumable(tmp_path: Path) -> None:
     before = {p: p.stat().st_mtime_ns for p in first.rglob("*.wav") if p != victim}
     victim.unlink()
     calls.clear()
-    summary = synthesize_corpus(first, hours=0.004, seed=3, workers=1, config=config,
-                                sentences=SENTENCES, progress=lambda d, t: calls.append((d, t)))
+    summary = synthesize_corpus(
+        first,
+        hours=0.004,
+        seed=3,
+        workers=1,
+        config=config,
+        sentences=SENTENCES,
+        progress=lambda d, t: calls.append((d, t)),
+    )
     assert victim.read_bytes() == original
     assert 1 <= summary.synthesized_utterances <= config.block_size
     assert calls[0][0] == total - summary.synthesized_utterances

@@ -31,10 +31,18 @@ needs_data = pytest.mark.skipif(
 @pytest.mark.parametrize(
     ("n", "words"),
     [
-        (0, "zero"), (7, "seven"), (13, "thirteen"), (20, "twenty"), (42, "forty two"),
-        (100, "one hundred"), (101, "one hundred one"), (999, "nine hundred ninety nine"),
-        (1205, "one thousand two hundred five"), (1_000_000, "one million"),
-        (2_000_000_001, "two billion one"), (-5, "minus five"),
+        (0, "zero"),
+        (7, "seven"),
+        (13, "thirteen"),
+        (20, "twenty"),
+        (42, "forty two"),
+        (100, "one hundred"),
+        (101, "one hundred one"),
+        (999, "nine hundred ninety nine"),
+        (1205, "one thousand two hundred five"),
+        (1_000_000, "one million"),
+        (2_000_000_001, "two billion one"),
+        (-5, "minus five"),
     ],
 )
 def test_spell_number(n: int, words: str) -> None:
@@ -43,8 +51,17 @@ def test_spell_number(n: int, words: str) -> None:
 
 @pytest.mark.parametrize(
     ("n", "words"),
-    [(1, "first"), (2, "second"), (3, "third"), (5, "fifth"), (12, "twelfth"), (20, "twentieth"),
-     (22, "twenty second"), (99, "ninety ninth"), (100, "one hundredth")],
+    [
+        (1, "first"),
+        (2, "second"),
+        (3, "third"),
+        (5, "fifth"),
+        (12, "twelfth"),
+        (20, "twentieth"),
+        (22, "twenty second"),
+        (99, "ninety ninth"),
+        (100, "one hundredth"),
+    ],
 )
 def test_spell_ordinal(n: int, words: str) -> None:
     assert spell_ordinal(n) == words
@@ -52,9 +69,15 @@ def test_spell_ordinal(n: int, words: str) -> None:
 
 @pytest.mark.parametrize(
     ("year", "words"),
-    [(1066, "ten sixty six"), (1900, "nineteen hundred"), (1905, "nineteen oh five"),
-     (1996, "nineteen ninety six"), (2000, "two thousand"), (2005, "two thousand five"),
-     (2015, "twenty fifteen")],
+    [
+        (1066, "ten sixty six"),
+        (1900, "nineteen hundred"),
+        (1905, "nineteen oh five"),
+        (1996, "nineteen ninety six"),
+        (2000, "two thousand"),
+        (2005, "two thousand five"),
+        (2015, "twenty fifteen"),
+    ],
 )
 def test_spell_year(year: int, words: str) -> None:
     assert spell_year(year) == words
@@ -65,14 +88,18 @@ def test_spell_year(year: int, words: str) -> None:
     [
         ("Weng earns $12 an hour.", "weng earns twelve dollars an hour"),
         ("It costs $12.50 in total.", "it costs twelve dollars and fifty cents in total"),
-        ("Ski resorts brought £37.5m in.", "ski resorts brought thirty seven point five million "
-         "pounds in"),
+        (
+            "Ski resorts brought £37.5m in.",
+            "ski resorts brought thirty seven point five million pounds in",
+        ),
         ("Sales rose 25% last year.", "sales rose twenty five percent last year"),
         ("We met on the 22nd of May.", "we met on the twenty second of may"),
         ("The train leaves at 3:05 pm today.", "the train leaves at three oh five p m today"),
         ("She ate 3/4 of the cake.", "she ate three quarters of the cake"),
-        ("About 1,234 people came in 1996.", "about one thousand two hundred thirty four people "
-         "came in nineteen ninety six"),
+        (
+            "About 1,234 people came in 1996.",
+            "about one thousand two hundred thirty four people came in nineteen ninety six",
+        ),
         ("Mr. Smith's café is family-friendly.", "mister smith's cafe is family friendly"),
         ("I ' Ve been having trouble , don ' t worry.", "i've been having trouble don't worry"),
         ("He said 'hello' to them.", "he said hello to them"),
@@ -110,7 +137,12 @@ def test_normalized_text_uses_only_the_vocabulary(raw: str) -> None:
 def test_split_sentences_keeps_titles_together() -> None:
     text = 'Hello Mr. Smith. How are you? I am 5. "Great!" She said.\nA new line'
     assert split_sentences(text) == [
-        "Hello Mister Smith.", "How are you?", "I am 5.", '"Great!', "She said.", "A new line",
+        "Hello Mister Smith.",
+        "How are you?",
+        "I am 5.",
+        '"Great!',
+        "She said.",
+        "A new line",
     ]
 
 

@@ -36,7 +36,7 @@ def setup(tiny_model_dir: Path, tmp_path: Path) -> tuple[Path, Path]:
     prompts.write_text("".join(json.dumps(q) + "\n" for q in QUESTIONS))
     lm = load_language_model(str(tiny_model_dir))
     torch.manual_seed(0)
-    streams = SpeculativeStreams(lm.model.config, StreamConfig(3, 2, 4))
+    streams = SpeculativeStreams(lm.model.config, StreamConfig(3, 2, 4, draft_vocab_size=0))
     save_streams(streams, tmp_path / "streams.safetensors", {})
     return prompts, tmp_path / "streams.safetensors"
 

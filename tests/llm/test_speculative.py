@@ -30,7 +30,11 @@ def model() -> Transformer:
 def _random_streams(model: Transformer, next_token_rank: int) -> SpeculativeStreams:
     torch.manual_seed(0)
     config = StreamConfig(
-        n_streams=3, n_stream_layers=2, adapter_rank=4, next_token_rank=next_token_rank
+        n_streams=3,
+        n_stream_layers=2,
+        adapter_rank=4,
+        next_token_rank=next_token_rank,
+        draft_vocab_size=200 if next_token_rank else 0,  # both kinds of draft head
     )
     s = SpeculativeStreams(model.config, config)
     # Untrained but not inert: random adapters, so drafts are arbitrary tokens.

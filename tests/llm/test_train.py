@@ -19,7 +19,7 @@ from edgestream.llm.tasks import TaskPrompt
 from edgestream.llm.train import TrainConfig, train_streams
 from tests.conftest import TINY_CORPUS
 
-STREAMS = StreamConfig(n_streams=2, n_stream_layers=1, adapter_rank=4)
+STREAMS = StreamConfig(n_streams=2, n_stream_layers=1, adapter_rank=4, draft_vocab_size=64)
 
 
 @pytest.fixture(scope="module")
@@ -112,6 +112,8 @@ def test_cli_trains_under_torchrun_with_two_processes(tiny_model_dir: Path, tmp_
             "2",
             "--max-new-tokens",
             "8",
+            "--draft-vocab",
+            "64",
             "--threads",
             "1",
         ],
