@@ -435,7 +435,12 @@ def train_streams_command(
 
         def report(step: int, loss: float, accuracy: list[float]) -> None:
             acc = " ".join(f"{a:.2f}" for a in accuracy)
-            bar.update(task, completed=step, info=f"loss {loss:.3f}  top-1 per stream {acc}")
+            info = f"loss {loss:.3f}  top-1 per stream {acc}"
+            bar.update(task, completed=step, info=info)
+            if step % 50 == 0:  # a lasting record, also when stderr is a log file
+                bar.console.print(
+                    f"step {step}/{config.steps}  {info}  {time.time() - started:.0f} s"
+                )
 
         trained = train_streams(
             base, records, captured_at, stream_config, config, out, model, report

@@ -161,6 +161,30 @@ class StreamObjective(nn.Module):
         return loss, hits.detach(), labelled.sum(dim=(0, 1))
 
 
+@torch.no_grad()
+def advance_states(
+    model: Transformer, records: list[dict], captured_at: int, split: int
+) -> list[dict]:
+    """Copies of the records with states moved up through the frozen layers [captured_at, split).
+
+    Distillation may capture states below the first MSA layer (so one distillation serves
+    several N_s); running the layers in between once here, not at every step, saves their
+    cost in every later epoch.
+    """
+    advanced = []
+    for record in records:
+        x = record["split_hidden"][None].to(model.dtype)
+        L = x.shape[1]
+        cache = model.new_cache(L)
+        slots = torch.arange(L)
+        mask = (slots[None, :] <= slots[:, None])[None, None]
+        rope = model.rope(slots[None], model.dtype)
+        for i in range(captured_at, split):
+            x = model.layers[i](x, rope, mask, cache, i)
+        advanced.append({**record, "split_hidden": x[0].to(record["split_hidden"].dtype)})
+    return advanced
+
+
 def frequent_answer_tokens(records: list[dict], n: int) -> Tensor:
     """The n most frequent tokens in the distilled answers, most frequent first (ties by id)."""
     counts = torch.zeros(max(int(r["tokens"].max()) for r in records) + 1, dtype=torch.long)
@@ -228,6 +252,9 @@ def train_streams(
         streams.load_state_dict(state["streams"])
         optimizer.load_state_dict(state["optimizer"])
         step = state["step"]
+    if captured_at < streams.split:
+        records = advance_states(model, records, captured_at, streams.split)
+        captured_at = streams.split
     objective: nn.Module = StreamObjective(model.requires_grad_(False), streams, captured_at)
     if world > 1:
         # Buffers (RoPE tables, the draft head) are identical everywhere: no need to resend.

@@ -21,8 +21,11 @@ from torch import Tensor
 class TreeShape:
     """How big a draft tree may grow."""
 
-    top_k: tuple[int, ...] = (4, 3, 2, 2)  # candidates considered per depth (stream 1, 2, ...)
-    max_nodes: int = 16  # nodes in the flattened tree, root included
+    # Defaults measured on SmolLM2 (8 unseen train-split prompts, float32 and bfloat16): 8
+    # nodes beat 12, 16 and 24 (verification cost grows faster than acceptance here) and
+    # beat chains and 4-6 node trees in float32.
+    top_k: tuple[int, ...] = (4, 3, 2, 1)  # candidates considered per depth (stream 1, 2, ...)
+    max_nodes: int = 8  # nodes in the flattened tree, root included
 
     def __post_init__(self) -> None:
         if not self.top_k or min(self.top_k) < 1:
