@@ -21,7 +21,7 @@ $(STAMP): pyproject.toml requirements.lock
 	@touch $@
 
 demo: install
-	$(BIN)/edgestream generate "In three sentences, why do leaves change colour in autumn?"
+	$(BIN)/edgestream generate "In three sentences, why do leaves change colour in autumn?" --method ss --compare
 
 test: install
 	$(BIN)/ruff check .

@@ -45,25 +45,6 @@ class ModelConfig:
                 f"n_heads ({self.n_heads}) must be a multiple of n_kv_heads ({self.n_kv_heads})"
             )
 
-    def lm_head_weight(self) -> Tensor:
-        """The plain (vocab, dim) LM head weight, for heads over part of the vocabulary."""
-        if self.config.tie_embeddings:
-            return self.tok_embeddings.weight
-        if isinstance(self.output, nn.Linear):
-            return self.output.weight
-        raise ValueError("an untied LM head has no plain weight once packed: load with pack=False")
-
-    def pack_weights(self) -> Transformer:
-        """Replace every linear layer by a `PackedLinear`, in place; inference only afterwards.
-
-        Do it after any dtype change. The tied embedding table keeps its plain copy.
-        """
-        for module in list(self.modules()):
-            for name, child in module.named_children():
-                if isinstance(child, nn.Linear):
-                    setattr(module, name, PackedLinear(child))
-        return self
-
     @classmethod
     def from_hf(cls, hf_config: object) -> ModelConfig:
         """Read a transformers `LlamaConfig`; refuse what this engine does not implement."""
