@@ -37,7 +37,7 @@ app.add_typer(numerics_app, name="numerics")
 
 stderr = Console(stderr=True, highlight=False)
 
-METHODS = ("ar", "ss")
+METHODS = ("ar", "ss")  # = edgestream.llm.methods.METHODS, kept here so --help needs no torch
 
 
 def user_errors(command: Callable[P, R]) -> Callable[P, R]:

@@ -109,3 +109,11 @@ def test_python_dash_m_reports_errors_without_traceback() -> None:
 def test_bench_refuses_bad_options(args: list[str]) -> None:
     result = runner.invoke(app, args)
     assert result.exit_code == 2 and result.stderr.startswith("error: ")
+
+
+def test_cli_method_list_is_the_engines() -> None:
+    """The CLI names methods without importing torch (fast --help); it must not drift."""
+    from edgestream.cli import METHODS as CLI_METHODS
+    from edgestream.llm.methods import METHODS as ENGINE_METHODS
+
+    assert CLI_METHODS == ENGINE_METHODS
