@@ -491,6 +491,184 @@ def asr_synth_command(
         stderr.print(f"{split}: {summary.manifests[split]} ({detail})")
 
 
+@train_app.command("asr")
+@user_errors
+def train_asr_command(
+    manifest: Annotated[Path, typer.Option(help="Training manifest (JSON Lines).")],
+    dev: Annotated[Path, typer.Option(help="Dev manifest: WER after every epoch.")],
+    out: Annotated[Path, typer.Option(help="Run folder (resumed if it holds a checkpoint).")],
+    config: Annotated[
+        Path | None, typer.Option(help="JSON with 'model' and/or 'train' settings to override.")
+    ] = None,
+    export: Annotated[Path | None, typer.Option(help="Also copy the final model here.")] = None,
+) -> None:
+    """Train the streaming Conformer-CTC (also under torchrun --nproc_per_node=N)."""
+    import shutil
+    import time
+
+    from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+
+    from edgestream.asr.conformer import ConformerConfig
+    from edgestream.asr.train import TrainConfig, distributed_context, train_asr
+
+    for path in (manifest, dev):
+        if not path.is_file():
+            raise FileNotFoundError(f"expected a manifest at {path}, found none")
+    settings = json.loads(config.read_text("utf-8")) if config is not None else {}
+    unknown = set(settings) - {"model", "train"}
+    if unknown:
+        raise ValueError(f"--config: unknown sections {sorted(unknown)}; expected model, train")
+    try:
+        model_config = ConformerConfig(**settings.get("model", {}))
+        train_config = TrainConfig(**settings.get("train", {}))
+    except TypeError as error:  # an unknown setting name
+        raise ValueError(f"--config: {error}") from None
+    rank, world = distributed_context()
+    started = time.time()
+    columns = (
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TextColumn("{task.fields[info]}"),
+        TimeRemainingColumn(),
+    )
+    with Progress(*columns, console=stderr, disable=rank != 0) as bar:
+        task = bar.add_task("training", total=None, info="computing features")
+
+        def report(event: dict[str, float]) -> None:
+            if "dev_wer" in event:
+                bar.console.print(
+                    f"epoch {event['epoch']:.0f}: dev WER {event['dev_wer']:.2%}  "
+                    f"{time.time() - started:.0f} s"
+                )
+                return
+            info = f"epoch {event['epoch'] + 1:.0f} loss {event['loss']:.2f} lr {event['lr']:.1e}"
+            bar.update(task, completed=event["step"], total=event["steps"], info=info)
+            if event["step"] % 50 == 0:  # a lasting record, also when stderr is a log file
+                bar.console.print(
+                    f"step {event['step']:.0f}/{event['steps']:.0f}  {info}  "
+                    f"{time.time() - started:.0f} s"
+                )
+
+        final = train_asr(manifest, dev, out, model_config, train_config, report)
+    if rank == 0:
+        if export is not None:
+            shutil.copyfile(final, export)
+        stderr.print(f"model: {export or final} ({world} processes, {time.time() - started:.0f} s)")
+
+
+def _streaming_options(chunk_ms: int, left_chunks: int, beam: int) -> object:
+    from edgestream.asr.streaming import StreamingOptions
+
+    return StreamingOptions(chunk_ms=chunk_ms, left_chunks=left_chunks, beam=beam)
+
+
+@app.command()
+def transcribe(
+    audio: Annotated[list[Path], typer.Argument(help="WAV, FLAC or OGG files, any rate.")],
+    model: Annotated[str, typer.Option(help="'default' (bundled) or a model file.")] = "default",
+    chunk_ms: Annotated[int, typer.Option(help="Streaming chunk (multiple of 40 ms).")] = 640,
+    left_chunks: Annotated[int, typer.Option(help="Attention context, in chunks.")] = 4,
+    beam: Annotated[int, typer.Option(help="CTC prefix beam width; 0 decodes greedily.")] = 0,
+    stream: Annotated[bool, typer.Option(help="Print partial results as they come.")] = False,
+    threads: Annotated[int | None, typer.Option(help="CPU threads (default: PyTorch's).")] = None,
+    json_output: Annotated[bool, typer.Option("--json", help="JSON Lines output.")] = False,
+) -> None:
+    """Transcribe audio files with the streaming Conformer-CTC recognizer.
+
+    rtf = processing seconds / audio seconds; first_partial_ms = when the first words would
+    have appeared, had the audio arrived live."""
+    from edgestream.asr.model_io import load_model
+    from edgestream.asr.transcribe import transcribe_file
+
+    try:
+        _set_threads(threads)
+        options = _streaming_options(chunk_ms, left_chunks, beam)
+        asr = load_model(model)
+    except (ValueError, FileNotFoundError) as err:
+        print(f"error: {str(err).splitlines()[0]}", file=sys.stderr)
+        raise typer.Exit(2) from None
+    failed = False
+    for path in audio:  # a bad file is reported and skipped; the others are still transcribed
+
+        def show(partial: str, path: Path = path) -> None:
+            if json_output:
+                print(json.dumps({"audio": str(path), "partial": partial}), flush=True)
+            else:
+                sys.stderr.write(f"\r\x1b[K{partial[-150:]}")
+                sys.stderr.flush()
+
+        try:
+            result = transcribe_file(asr, path, options, show if stream else None)
+        except (ValueError, FileNotFoundError) as err:
+            print(f"error: {str(err).splitlines()[0]}", file=sys.stderr)
+            failed = True
+            continue
+        if stream and not json_output:
+            sys.stderr.write("\r\x1b[K")
+        for warning in result.warnings:
+            print(f"warning: {path}: {warning}", file=sys.stderr)
+        if json_output:
+            print(json.dumps(result.to_json()), flush=True)
+        else:
+            print(f"{path}: {result.text}" if len(audio) > 1 else result.text, flush=True)
+    if failed:
+        raise typer.Exit(2)
+
+
+@bench_app.command("asr")
+@user_errors
+def bench_asr_command(
+    manifest: Annotated[Path, typer.Option(help="JSON Lines: audio, text, optional group.")],
+    model: Annotated[str, typer.Option(help="'default' (bundled) or a model file.")] = "default",
+    chunk_ms: Annotated[int, typer.Option(help="Streaming chunk (multiple of 40 ms).")] = 640,
+    left_chunks: Annotated[int, typer.Option(help="Attention context, in chunks.")] = 4,
+    beam: Annotated[int, typer.Option(help="CTC prefix beam width; 0 decodes greedily.")] = 0,
+    limit: Annotated[int | None, typer.Option(help="At most this many utterances.")] = None,
+    pocketsphinx: Annotated[bool, typer.Option(help="Also run pocketsphinx.")] = True,
+    json_path: Annotated[Path | None, typer.Option("--json", help="Also write JSON here.")] = None,
+) -> None:
+    """WER and real-time factor (1 and 2 threads) per group, next to pocketsphinx."""
+    from rich.progress import Progress
+    from rich.table import Table
+
+    from edgestream.asr.model_io import load_model
+    from edgestream.bench.asr import bench_asr, read_bench_manifest
+
+    options = _streaming_options(chunk_ms, left_chunks, beam)
+    utterances = read_bench_manifest(manifest, limit)
+    asr = load_model(model)
+    with Progress(console=stderr, transient=True) as bar:
+        tasks: dict[str, object] = {}
+
+        def progress(stage: str, done: int, total: int) -> None:
+            if stage not in tasks:
+                tasks[stage] = bar.add_task(stage, total=total)
+            bar.update(tasks[stage], completed=done)
+
+        report = bench_asr(asr, utterances, options, pocketsphinx, progress)
+    table = Table(title=f"ASR on {manifest} ({report['decoder']}, {chunk_ms} ms chunks)")
+    for column in ("system", "group", "utterances", "audio s", "WER", "RTF 1 thread", "RTF 2"):
+        table.add_column(column)
+    systems = [("edgestream", report)]
+    if "overall" in report["pocketsphinx"]:
+        systems.append(("pocketsphinx", report["pocketsphinx"]))
+    for system, rows in systems:
+        for group, row in [("overall", rows["overall"]), *rows["groups"].items()]:
+            table.add_row(
+                system,
+                group,
+                str(row["utterances"]),
+                f"{row['audio_seconds']:.0f}",
+                f"{row['wer']:.2%}",
+                f"{row['rtf']:.4f}",
+                f"{row['rtf_2threads']:.4f}" if "rtf_2threads" in row else "-",
+            )
+    Console().print(table)
+    if json_path is not None:
+        json_path.write_text(json.dumps(report, indent=1) + "\n", "utf-8")
+        stderr.print(f"wrote {json_path}")
+
+
 @numerics_app.command("report")
 @user_errors
 def numerics_report_command(

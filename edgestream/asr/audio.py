@@ -1,0 +1,129 @@
+"""Reading user audio: any soundfile format, rate and channel count, streamed in blocks.
+
+Audio is read a block at a time, downmixed to mono and resampled to 16 kHz by a streaming
+`soxr` resampler, so an hour-long file costs the memory of one block. Whatever cannot be
+transcribed faithfully is refused with an `AudioError` (a ValueError) that names the file and
+the problem: a missing, empty, truncated or corrupt file, an unsupported format, or samples
+that are not finite numbers. Clipped audio is transcribed as it is; `AudioStats` reports the
+clipped fraction so callers can warn.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import soundfile as sf
+import soxr
+
+SAMPLE_RATE = 16_000
+CLIP_LEVEL = 0.999  # samples at or above this magnitude count as clipped
+
+
+class AudioError(ValueError):
+    """Audio that cannot be transcribed, with the reason."""
+
+
+@dataclass
+class AudioStats:
+    """What was read: original rate and channels, seconds, and the clipped sample fraction."""
+
+    sample_rate: int
+    channels: int
+    seconds: float = 0.0
+    clipped_fraction: float = 0.0
+    truncated: bool = False  # a WAV whose data chunk claims more bytes than the file holds
+    _clipped: int = 0
+    _samples: int = 0
+
+
+def _wav_is_truncated(path: Path) -> bool:
+    """True when a RIFF/WAVE file's `data` chunk claims more bytes than follow it (libsndfile
+    then quietly reads what is there)."""
+    with path.open("rb") as handle:
+        header = handle.read(12)
+        if len(header) < 12 or header[:4] != b"RIFF" or header[8:12] != b"WAVE":
+            return False
+        size = path.stat().st_size
+        while True:
+            chunk = handle.read(8)
+            if len(chunk) < 8:
+                return False
+            length = int.from_bytes(chunk[4:], "little")
+            if chunk[:4] == b"data":
+                return length != 0xFFFFFFFF and handle.tell() + length > size
+            handle.seek(length + (length & 1), 1)
+
+
+def open_audio(path: str | Path) -> sf.SoundFile:
+    """Open `path` for reading, or raise AudioError saying why it cannot be."""
+    path = Path(path)
+    if not path.exists():
+        raise AudioError(f"{path}: no such file")
+    if path.is_dir():
+        raise AudioError(f"{path}: is a folder, expected an audio file")
+    if path.stat().st_size == 0:
+        raise AudioError(f"{path}: the file is empty")
+    try:
+        handle = sf.SoundFile(str(path))
+    except sf.LibsndfileError as error:
+        raise AudioError(
+            f"{path}: not a readable audio file ({error.error_string}); expected WAV, FLAC or OGG"
+        ) from None
+    if handle.frames == 0:
+        handle.close()
+        raise AudioError(f"{path}: the file holds no audio samples")
+    return handle
+
+
+def stream_audio(
+    path: str | Path, block_seconds: float = 0.5, stats: AudioStats | None = None
+) -> Iterator[np.ndarray]:
+    """Yield float32 mono 16 kHz blocks of `path`; fills `stats` as it goes.
+
+    Raises AudioError for NaN or infinite samples and for undecodable data. A truncated WAV is
+    read as far as it goes, and flagged in `stats`."""
+    with open_audio(path) as handle:
+        rate, channels, expected = handle.samplerate, handle.channels, handle.frames
+        if stats is not None:
+            stats.sample_rate, stats.channels = rate, channels
+            stats.truncated = _wav_is_truncated(Path(path))
+        resampler = (
+            soxr.ResampleStream(rate, SAMPLE_RATE, 1, dtype="float32")
+            if rate != SAMPLE_RATE
+            else None
+        )
+        read = 0
+        block = max(1, int(rate * block_seconds))
+        while True:
+            try:
+                samples = handle.read(block, dtype="float32", always_2d=True)
+            except sf.LibsndfileError as error:
+                raise AudioError(f"{path}: corrupt audio data ({error.error_string})") from None
+            last = len(samples) < block
+            read += len(samples)
+            mono = samples.mean(axis=1, dtype=np.float32) if channels > 1 else samples[:, 0]
+            if not np.all(np.isfinite(mono)):
+                raise AudioError(f"{path}: holds NaN or infinite samples near {read / rate:.1f} s")
+            if stats is not None:
+                stats._samples += len(mono)
+                stats._clipped += int(np.count_nonzero(np.abs(mono) >= CLIP_LEVEL))
+                stats.seconds = stats._samples / rate
+                stats.clipped_fraction = stats._clipped / max(1, stats._samples)
+            out = resampler.resample_chunk(mono, last=last) if resampler is not None else mono
+            if len(out):
+                yield out
+            if last:
+                break
+        if read < expected and stats is not None:
+            stats.truncated = True
+        if read == 0:
+            raise AudioError(f"{path}: the file holds no audio samples")
+
+
+def read_audio(path: str | Path) -> np.ndarray:
+    """The whole of `path` as float32 mono 16 kHz (for short files; stream long ones)."""
+    blocks = list(stream_audio(path))
+    return np.concatenate(blocks) if blocks else np.zeros(0, np.float32)

@@ -1,0 +1,160 @@
+"""The streaming recognizer: audio in pieces of any length, partial results, endpoints, finalize.
+
+Per stream it keeps three caches: the fbank extractor's unfinished window (`StreamingFbank`),
+the fbank frames the next subsampled frames still need (the subsampling convolutions are
+unpadded in time, so encoder frame i reads fbank frames 4i..4i+6), and per layer the last
+`left_chunks * chunk` keys and values plus the causal convolution's last inputs. Whole chunks
+go through the encoder as soon as their fbank frames exist; `finalize` flushes the rest as a
+last, shorter chunk. The final text therefore equals the offline chunk-masked forward pass
+with the same chunk and left context (tested).
+
+Endpointing follows sherpa-onnx's rules, counted in encoder frames whose best token is blank:
+a segment ends after `silence_before_text_s` of it when nothing was recognised yet, after
+`silence_after_text_s` once something was, or, past `max_segment_s`, at the next word break.
+An endpoint closes the current segment's text and restarts the decoder; the acoustic caches
+carry on, so endpoints do not change the text, only how it is split (except that a pause of
+`silence_after_text_s` always separates words).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from edgestream.asr.conformer import SUBSAMPLING_CONTEXT, SUBSAMPLING_FACTOR, subsampled_length
+from edgestream.asr.decode import BLANK, GreedyDecoder, PrefixBeamDecoder
+from edgestream.asr.features import SAMPLE_RATE, StreamingFbank
+from edgestream.asr.model_io import AsrModel
+
+ENCODER_FRAME_MS = 40  # 10 ms fbank hop x subsampling by 4
+
+
+@dataclass(frozen=True)
+class StreamingOptions:
+    chunk_ms: int = 640
+    left_chunks: int = 4  # attention context before the current chunk, in chunks
+    beam: int = 0  # 0: greedy; otherwise the prefix beam search width
+    silence_before_text_s: float = 2.4
+    silence_after_text_s: float = 1.2
+    max_segment_s: float = 20.0
+
+    def __post_init__(self) -> None:
+        if self.chunk_ms < ENCODER_FRAME_MS or self.chunk_ms % ENCODER_FRAME_MS:
+            raise ValueError(
+                f"expected a chunk of a positive multiple of {ENCODER_FRAME_MS} ms, "
+                f"got {self.chunk_ms}"
+            )
+        if self.left_chunks < 0:
+            raise ValueError(f"expected left_chunks >= 0, got {self.left_chunks}")
+        if self.beam < 0:
+            raise ValueError(f"expected beam >= 0, got {self.beam}")
+
+    @property
+    def chunk_frames(self) -> int:
+        return self.chunk_ms // ENCODER_FRAME_MS
+
+
+class Recognizer:
+    """One audio stream. Feed `accept_waveform`, read `text` (partial), end with `finalize`."""
+
+    def __init__(self, asr: AsrModel, options: StreamingOptions = StreamingOptions()) -> None:
+        self.asr, self.options = asr, options
+        self._fbank = StreamingFbank()
+        self._features = np.zeros((0, asr.cmvn.mean.shape[0]), np.float32)
+        self._features_start = 0  # absolute index of self._features[0]
+        self._encoded = 0  # encoder frames computed so far
+        self._caches = asr.model.empty_cache()
+        self.segments: list[str] = []  # texts of the segments closed by endpoints
+        self._decoder = self._new_decoder()
+        self._space = asr.vocabulary.encode(" ")[0]
+        self._silent_frames = 0
+        self._segment_frames = 0
+        self.samples_accepted = 0
+        self.finished = False
+
+    def _new_decoder(self) -> GreedyDecoder | PrefixBeamDecoder:
+        return PrefixBeamDecoder(self.options.beam) if self.options.beam else GreedyDecoder()
+
+    @property
+    def text(self) -> str:
+        """Everything recognised so far: closed segments and the current partial."""
+        current = self.asr.vocabulary.decode(self._decoder.ids)
+        return " ".join(s for s in [*self.segments, current] if s)
+
+    def accept_waveform(self, samples: np.ndarray) -> None:
+        """samples: float (n,) mono at 16 kHz in [-1, 1]; any n, including 0."""
+        if self.finished:
+            raise RuntimeError("this stream was finalized: start a new Recognizer")
+        samples = np.asarray(samples, dtype=np.float32)
+        if samples.ndim != 1:
+            raise ValueError(f"expected mono samples of shape (n,), got {samples.shape}")
+        if not np.all(np.isfinite(samples)):
+            raise ValueError("expected finite samples, got NaN or infinity")
+        self.samples_accepted += len(samples)
+        frames = self._fbank.accept_waveform(samples)
+        if len(frames):
+            self._features = np.concatenate([self._features, self.asr.cmvn.normalize(frames)])
+        chunk = self.options.chunk_frames
+        while self._available_encoder_frames() >= chunk:
+            self._encode(chunk)
+
+    def finalize(self) -> str:
+        """Encode what is left as a last shorter chunk; returns the whole text."""
+        if not self.finished:
+            remaining = self._available_encoder_frames()
+            if remaining:
+                self._encode(remaining)
+            self.finished = True
+        return self.text
+
+    @property
+    def seconds(self) -> float:
+        return self.samples_accepted / SAMPLE_RATE
+
+    def _available_encoder_frames(self) -> int:
+        total_fbank = self._features_start + len(self._features)
+        return int(subsampled_length(total_fbank)) - self._encoded
+
+    def _encode(self, frames: int) -> None:
+        first = SUBSAMPLING_FACTOR * self._encoded - self._features_start
+        last = SUBSAMPLING_FACTOR * (self._encoded + frames - 1) + SUBSAMPLING_CONTEXT
+        window = torch.from_numpy(self._features[first : last - self._features_start])
+        model = self.asr.model
+        with torch.inference_mode():
+            x = model.subsampling(window.unsqueeze(0))
+            max_cached = self.options.left_chunks * self.options.chunk_frames
+            log_probs, self._caches = model.forward_chunk(
+                x, self._encoded, self._caches, max_cached
+            )
+        self._encoded += frames
+        keep_from = SUBSAMPLING_FACTOR * self._encoded - self._features_start
+        self._features = self._features[keep_from:]
+        self._features_start += keep_from
+        self._decode(log_probs[0].numpy())
+
+    def _decode(self, log_probs: np.ndarray) -> None:
+        frame_s = ENCODER_FRAME_MS / 1000
+        for start in range(len(log_probs)):  # frame by frame: an endpoint may fall mid-chunk
+            frame = log_probs[start : start + 1]
+            self._decoder.advance(frame)
+            self._segment_frames += 1
+            self._silent_frames = self._silent_frames + 1 if frame[0].argmax() == BLANK else 0
+            silence_s, segment_s = self._silent_frames * frame_s, self._segment_frames * frame_s
+            ids = self._decoder.ids
+            # A long segment is cut only between words, so the cut cannot split one.
+            between_words = self._silent_frames > 0 and (not ids or ids[-1] == self._space)
+            if (
+                (not ids and silence_s >= self.options.silence_before_text_s)
+                or (ids and silence_s >= self.options.silence_after_text_s)
+                or (between_words and segment_s >= self.options.max_segment_s)
+            ):
+                self._endpoint()
+
+    def _endpoint(self) -> None:
+        current = self.asr.vocabulary.decode(self._decoder.ids)
+        if current:
+            self.segments.append(current)
+        self._decoder = self._new_decoder()
+        self._silent_frames = self._segment_frames = 0

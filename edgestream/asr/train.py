@@ -1,0 +1,376 @@
+"""Training recipe for the streaming Conformer-CTC: cached features, SpecAugment, dynamic chunks.
+
+- Features: every manifest's fbank frames are computed once into one float16 array per
+  manifest (`FeatureStore`), next to the checkpoint; an epoch then only reads memory.
+- Batches: utterances sorted by length and cut into batches of at most `max_frames` padded
+  fbank frames, shuffled per epoch and dealt round-robin to the ranks.
+- Dynamic chunk training (WeNet's U2): per batch, full context with probability
+  `full_context_prob`, else a chunk of 1..`max_chunk` encoder frames and a random number of
+  left chunks (or all), so one model serves every latency.
+- SpecAugment (two frequency and two time masks, WeNet's sizes) on CMVN-normalised features.
+- AdamW, linear warm-up then cosine decay; gradient clipping; checkpoints written atomically
+  every epoch and resumed; validation WER every epoch on the dev manifest, streaming at
+  `eval_chunk` frames with `eval_left_chunks` left chunks.
+- Runs under `torchrun --nproc_per_node=N` (DistributedDataParallel over gloo on CPU).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import random
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import jiwer
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from edgestream.asr.conformer import ConformerConfig, ConformerCTC
+from edgestream.asr.decode import CharVocabulary, ctc_greedy
+from edgestream.asr.features import NUM_MEL_BINS, GlobalCmvn, compute_fbank, load_audio
+from edgestream.asr.model_io import save_model
+from edgestream.asr.synth import read_manifest
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    epochs: int = 6
+    lr: float = 2e-3
+    weight_decay: float = 1e-3
+    warmup_steps: int = 300
+    max_frames: int = 12_000  # padded fbank frames per batch and rank (120 s of audio)
+    full_context_prob: float = 0.3
+    max_chunk: int = 25  # encoder frames (40 ms each)
+    max_left_chunks: int = 8
+    freq_masks: int = 2
+    freq_mask_bins: int = 10
+    time_masks: int = 2
+    time_mask_frames: int = 50
+    eval_chunk: int = 16  # 640 ms
+    eval_left_chunks: int = 4
+    eval_utterances: int = 300
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.epochs < 1 or self.max_frames < 100 or self.lr <= 0:
+            raise ValueError("expected epochs >= 1, max_frames >= 100 and lr > 0")
+
+
+class FeatureStore:
+    """A manifest's fbank frames in one float16 array, with texts, groups and offsets.
+
+    Built once (atomically: temporary files renamed) in `cache_dir`, keyed by the manifest's
+    content, so an edited manifest is recomputed rather than read stale.
+    """
+
+    def __init__(self, manifest: str | Path, cache_dir: str | Path) -> None:
+        manifest = Path(manifest)
+        digest = hashlib.blake2b(manifest.read_bytes(), digest_size=8).hexdigest()
+        stem = Path(cache_dir) / f"{manifest.stem}-{digest}"
+        frames_path, index_path = stem.with_suffix(".f16.npy"), stem.with_suffix(".json")
+        if not index_path.exists():
+            _build(manifest, frames_path, index_path)
+        index = json.loads(index_path.read_text("utf-8"))
+        self.frames = np.load(frames_path, mmap_mode="r")
+        self.offsets: list[int] = index["offsets"]
+        self.lengths: list[int] = index["lengths"]
+        self.texts: list[str] = index["texts"]
+        self.groups: list[str] = index["groups"]
+
+    def __len__(self) -> int:
+        return len(self.texts)
+
+    def features(self, i: int) -> np.ndarray:
+        return np.asarray(self.frames[self.offsets[i] : self.offsets[i] + self.lengths[i]])
+
+
+def _build(manifest: Path, frames_path: Path, index_path: Path) -> None:
+    entries = read_manifest(manifest)
+    matrices = [compute_fbank(load_audio(manifest.parent / e.audio)) for e in entries]
+    lengths = [len(m) for m in matrices]
+    offsets = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(int).tolist()
+    frames_path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = frames_path.with_name(f".{frames_path.stem}.tmp.npy")
+    np.save(temporary, np.concatenate(matrices).astype(np.float16))
+    os.replace(temporary, frames_path)
+    index = {
+        "offsets": offsets,
+        "lengths": lengths,
+        "texts": [e.text for e in entries],
+        "groups": [e.group or "all" for e in entries],
+    }
+    temporary = index_path.with_name(f".{index_path.name}.tmp")
+    temporary.write_text(json.dumps(index), "utf-8")
+    os.replace(temporary, index_path)
+
+
+def length_batches(lengths: list[int], max_frames: int) -> list[list[int]]:
+    """Indices sorted by length, cut so each batch's count x longest <= max_frames."""
+    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
+    batches: list[list[int]] = []
+    current: list[int] = []
+    for i in order:
+        if current and (len(current) + 1) * lengths[i] > max_frames:
+            batches.append(current)
+            current = []
+        current.append(i)
+    if current:
+        batches.append(current)
+    return batches
+
+
+def spec_augment(features: Tensor, config: TrainConfig, rng: random.Random) -> Tensor:
+    """Zero two frequency bands and two time spans (at most a fifth of the length) in place."""
+    frames, bins = features.shape
+    for _ in range(config.freq_masks):
+        width = rng.randint(0, config.freq_mask_bins)
+        start = rng.randint(0, bins - width)
+        features[:, start : start + width] = 0
+    for _ in range(config.time_masks):
+        width = rng.randint(0, min(config.time_mask_frames, frames // 5))
+        start = rng.randint(0, frames - width)
+        features[start : start + width] = 0
+    return features
+
+
+@dataclass
+class Batch:
+    features: Tensor  # (B, T, 80), CMVN-normalised
+    lengths: Tensor  # (B,)
+    targets: Tensor  # (sum of label lengths,)
+    target_lengths: Tensor  # (B,)
+
+
+def make_batch(
+    store: FeatureStore,
+    indices: list[int],
+    cmvn: GlobalCmvn,
+    vocabulary: CharVocabulary,
+    augment: TrainConfig | None,
+    rng: random.Random,
+) -> Batch:
+    longest = max(store.lengths[i] for i in indices)
+    features = torch.zeros(len(indices), longest, NUM_MEL_BINS)
+    labels: list[int] = []
+    for row, i in enumerate(indices):
+        utterance = torch.from_numpy(cmvn.normalize(store.features(i).astype(np.float32)))
+        if augment is not None:
+            utterance = spec_augment(utterance, augment, rng)
+        features[row, : len(utterance)] = utterance
+        labels += vocabulary.encode(store.texts[i])
+    return Batch(
+        features,
+        torch.tensor([store.lengths[i] for i in indices]),
+        torch.tensor(labels),
+        torch.tensor([len(store.texts[i]) for i in indices]),
+    )
+
+
+def ctc_loss(model: nn.Module, batch: Batch, chunk: int, left_chunks: int) -> Tensor:
+    """Summed CTC loss over the batch divided by its utterance count."""
+    log_probs, out_lengths = model(batch.features, batch.lengths, chunk, left_chunks)
+    loss = F.ctc_loss(
+        log_probs.transpose(0, 1),
+        batch.targets,
+        out_lengths,
+        batch.target_lengths,
+        blank=0,
+        reduction="sum",
+        zero_infinity=True,  # an utterance too fast for its frames must not poison the batch
+    )
+    return loss / len(batch.lengths)
+
+
+def _draw_chunking(config: TrainConfig, rng: random.Random) -> tuple[int, int]:
+    if rng.random() < config.full_context_prob:
+        return 0, -1
+    chunk = rng.randint(1, config.max_chunk)
+    left = rng.randint(0, config.max_left_chunks)
+    return chunk, (-1 if left == config.max_left_chunks else left)
+
+
+def _lr_at(step: int, total: int, config: TrainConfig) -> float:
+    if step < config.warmup_steps:
+        return config.lr * (step + 1) / config.warmup_steps
+    progress = min(1.0, (step - config.warmup_steps) / max(1, total - config.warmup_steps))
+    return config.lr * (0.02 + 0.98 * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+@torch.no_grad()
+def evaluate(
+    model: ConformerCTC,
+    store: FeatureStore,
+    cmvn: GlobalCmvn,
+    vocabulary: CharVocabulary,
+    chunk: int,
+    left_chunks: int,
+    limit: int | None = None,
+) -> float:
+    """Greedy WER of the chunk-masked model over (the first `limit` evenly spaced of) a store."""
+    was_training = model.training
+    model.eval()
+    indices = list(range(len(store)))
+    if limit is not None and len(indices) > limit:
+        indices = [indices[int(k * len(store) / limit)] for k in range(limit)]
+    references, hypotheses = [], []
+    for batch_indices in length_batches([store.lengths[i] for i in indices], 20_000):
+        chosen = [indices[k] for k in batch_indices]
+        batch = make_batch(store, chosen, cmvn, vocabulary, None, random.Random(0))
+        log_probs, lengths = model(batch.features, batch.lengths, chunk, left_chunks)
+        for row, i in enumerate(chosen):
+            ids = ctc_greedy(log_probs[row, : lengths[row]].numpy())
+            hypotheses.append(vocabulary.decode(ids))
+            references.append(store.texts[i])
+    model.train(was_training)
+    return float(jiwer.wer(references, hypotheses))
+
+
+def _save_atomic(obj: object, path: Path) -> None:
+    temporary = path.with_name(f".{path.name}.tmp")
+    torch.save(obj, temporary)
+    os.replace(temporary, path)
+
+
+def distributed_context() -> tuple[int, int]:
+    """(rank, world size); joins the gloo process group when launched by torchrun."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world > 1 and not dist.is_initialized():
+        dist.init_process_group("gloo")
+    return (dist.get_rank(), world) if world > 1 else (0, 1)
+
+
+ProgressFn = Callable[[dict[str, float]], None]
+
+
+def train_asr(
+    train_manifest: Path,
+    dev_manifest: Path,
+    out_dir: Path,
+    model_config: ConformerConfig = ConformerConfig(),
+    config: TrainConfig = TrainConfig(),
+    progress: ProgressFn | None = None,
+) -> Path:
+    """Train (or resume) into out_dir; returns the final model file (out_dir/model.safetensors).
+
+    `progress` gets a dict per step (epoch, step, steps, loss, lr) and per epoch (epoch,
+    dev_wer) on rank 0.
+    """
+    rank, world = distributed_context()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    cache = out_dir / "features"
+    if rank == 0:  # one rank computes the features; the others wait for them
+        train_store, dev_store = (
+            FeatureStore(train_manifest, cache),
+            FeatureStore(dev_manifest, cache),
+        )
+    if world > 1:
+        dist.barrier()
+    if rank != 0:
+        train_store, dev_store = (
+            FeatureStore(train_manifest, cache),
+            FeatureStore(dev_manifest, cache),
+        )
+    cmvn_path = out_dir / "cmvn.json"
+    if rank == 0 and not cmvn_path.exists():
+        sample = range(0, len(train_store), max(1, len(train_store) // 2000))
+        GlobalCmvn.from_features(train_store.features(i).astype(np.float32) for i in sample).save(
+            cmvn_path
+        )
+    if world > 1:
+        dist.barrier()
+    cmvn = GlobalCmvn.load(cmvn_path)
+    vocabulary = CharVocabulary()
+    if model_config.vocab_size != len(vocabulary):
+        raise ValueError(f"expected vocab_size {len(vocabulary)}, got {model_config.vocab_size}")
+
+    torch.manual_seed(config.seed)  # identical initial weights on every rank
+    model = ConformerCTC(model_config)
+    optimizer = torch.optim.AdamW(
+        model.parameters(), lr=config.lr, weight_decay=config.weight_decay
+    )
+    checkpoint = out_dir / "checkpoint.pt"
+    epoch, step, history = 0, 0, []
+    if checkpoint.exists():
+        state = torch.load(checkpoint, weights_only=True)
+        if state["model_config"] != model_config.to_dict():
+            raise ValueError(
+                f"{checkpoint} was trained with {state['model_config']}, not these settings"
+            )
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        epoch, step, history = state["epoch"], state["step"], state["history"]
+    trainer: nn.Module = nn.parallel.DistributedDataParallel(model) if world > 1 else model
+    batches = length_batches(train_store.lengths, config.max_frames)
+    per_rank = len(batches) // world  # equal counts: DDP needs every rank at every step
+    total_steps = per_rank * config.epochs
+    while epoch < config.epochs:
+        rng = random.Random(config.seed * 1009 + epoch)  # the same shuffle on every rank
+        order = rng.sample(batches, len(batches))[: per_rank * world][rank::world]
+        augment_rng = random.Random(config.seed * 7919 + epoch * 31 + rank)
+        model.train()
+        done_in_epoch = step - epoch * per_rank
+        for indices in order[done_in_epoch:]:
+            batch = make_batch(train_store, indices, cmvn, vocabulary, config, augment_rng)
+            chunk, left = _draw_chunking(config, random.Random(config.seed * 104_729 + step))
+            for group in optimizer.param_groups:
+                group["lr"] = _lr_at(step, total_steps, config)
+            loss = ctc_loss(trainer, batch, chunk, left)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 5.0)
+            optimizer.step()
+            step += 1
+            if progress is not None and rank == 0:
+                progress(
+                    {
+                        "epoch": epoch,
+                        "step": step,
+                        "steps": total_steps,
+                        "loss": loss.item(),
+                        "lr": optimizer.param_groups[0]["lr"],
+                    }
+                )
+        epoch += 1
+        if rank == 0:
+            wer = evaluate(
+                model,
+                dev_store,
+                cmvn,
+                vocabulary,
+                config.eval_chunk,
+                config.eval_left_chunks,
+                config.eval_utterances,
+            )
+            history.append({"epoch": epoch, "step": step, "dev_wer": wer})
+            if progress is not None:
+                progress({"epoch": epoch, "dev_wer": wer})
+            _save_atomic(
+                {
+                    "model": model.state_dict(),
+                    "optimizer": optimizer.state_dict(),
+                    "epoch": epoch,
+                    "step": step,
+                    "history": history,
+                    "model_config": model_config.to_dict(),
+                    "train_config": asdict(config),
+                },
+                checkpoint,
+            )
+        if world > 1:
+            dist.barrier()
+    final = out_dir / "model.safetensors"
+    if rank == 0:
+        model.eval()
+        save_model(
+            final, model, cmvn, vocabulary, {"train_config": asdict(config), "history": history}
+        )
+    if world > 1:
+        dist.barrier()
+    return final

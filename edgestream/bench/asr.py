@@ -1,0 +1,182 @@
+"""ASR benchmark: WER and real-time factor of the streaming recognizer, overall and per group,
+on one thread and on two, with pocketsphinx on the same manifest as an outside reference.
+
+Every utterance goes through the streaming `Recognizer` exactly as `edgestream transcribe`
+runs it (100 ms pieces), so the RTF is that of live streaming, not of an offline batch.
+WER is jiwer's over lower-cased text stripped of punctuation, pooled over utterances (total
+errors / total reference words), as a fraction.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import jiwer
+import numpy as np
+import torch
+
+from edgestream.asr.audio import read_audio
+from edgestream.asr.model_io import AsrModel
+from edgestream.asr.streaming import StreamingOptions
+from edgestream.asr.transcribe import transcribe_file
+
+PROGRESS = Callable[[int, int], None]
+
+
+@dataclass(frozen=True)
+class Utterance:
+    audio: Path
+    text: str
+    group: str
+
+
+def normalize_text(text: str) -> str:
+    """Lower case, letters, digits and apostrophes only, single spaces.
+
+    >>> normalize_text("Hello, World!  It's  2 p.m.")
+    "hello world it's 2 p m"
+    """
+    return " ".join(re.sub(r"[^a-z0-9']+", " ", text.lower()).split())
+
+
+def read_bench_manifest(path: Path, limit: int | None = None) -> list[Utterance]:
+    """JSON Lines of {"audio" (relative to the manifest), "text", optional "group"}."""
+    if not path.is_file():
+        raise FileNotFoundError(f"expected a manifest at {path}, found none")
+    utterances = []
+    for number, line in enumerate(path.read_text("utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            entry = json.loads(line)
+            audio, text = entry["audio"], entry["text"]
+        except (json.JSONDecodeError, KeyError, TypeError):
+            raise ValueError(
+                f"{path}:{number}: expected a JSON object with 'audio' and 'text'"
+            ) from None
+        utterances.append(Utterance(path.parent / audio, text, str(entry.get("group", "all"))))
+    if not utterances:
+        raise ValueError(f"{path}: no utterances")
+    if limit is not None and len(utterances) > limit:  # evenly spaced, so every group stays
+        utterances = [utterances[int(i * len(utterances) / limit)] for i in range(limit)]
+    return utterances
+
+
+def _scores(
+    utterances: list[Utterance],
+    hypotheses: list[str],
+    seconds: list[float],
+    processing: list[float],
+) -> dict[str, dict[str, float]]:
+    groups: dict[str, list[int]] = {}
+    for i, utterance in enumerate(utterances):
+        groups.setdefault(utterance.group, []).append(i)
+    table = {}
+    for name, members in [("overall", list(range(len(utterances)))), *sorted(groups.items())]:
+        references = [normalize_text(utterances[i].text) for i in members]
+        table[name] = {
+            "wer": float(jiwer.wer(references, [normalize_text(hypotheses[i]) for i in members])),
+            "rtf": sum(processing[i] for i in members) / sum(seconds[i] for i in members),
+            "utterances": len(members),
+            "audio_seconds": round(sum(seconds[i] for i in members), 2),
+        }
+    return table
+
+
+def run_edgestream(
+    asr: AsrModel,
+    utterances: list[Utterance],
+    options: StreamingOptions,
+    threads: int,
+    progress: PROGRESS | None = None,
+) -> tuple[list[str], list[float], list[float]]:
+    """Hypotheses, audio seconds and processing seconds per utterance, on `threads` threads."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    hypotheses, seconds, processing = [], [], []
+    try:
+        for done, utterance in enumerate(utterances, 1):
+            result = transcribe_file(asr, utterance.audio, options)
+            hypotheses.append(result.text)
+            seconds.append(result.duration)
+            processing.append(result.rtf * result.duration)
+            if progress is not None:
+                progress(done, len(utterances))
+    finally:
+        torch.set_num_threads(previous)
+    return hypotheses, seconds, processing
+
+
+def pocketsphinx_available() -> bool:
+    try:
+        import pocketsphinx  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def run_pocketsphinx(
+    utterances: list[Utterance], progress: PROGRESS | None = None
+) -> tuple[list[str], list[float], list[float]]:
+    """The same utterances through pocketsphinx's bundled en-us model (one thread, offline)."""
+    from pocketsphinx import Decoder
+
+    decoder = Decoder(samprate=16_000, loglevel="FATAL")
+    hypotheses, seconds, processing = [], [], []
+    for done, utterance in enumerate(utterances, 1):
+        samples = read_audio(utterance.audio)
+        pcm = (np.clip(samples, -1, 1) * 32767).astype(np.int16).tobytes()
+        began = time.perf_counter()
+        decoder.start_utt()
+        decoder.process_raw(pcm, full_utt=True)
+        decoder.end_utt()
+        hypothesis = decoder.hyp()
+        processing.append(time.perf_counter() - began)
+        hypotheses.append(hypothesis.hypstr if hypothesis is not None else "")
+        seconds.append(len(samples) / 16_000)
+        if progress is not None:
+            progress(done, len(utterances))
+    return hypotheses, seconds, processing
+
+
+def bench_asr(
+    asr: AsrModel,
+    utterances: list[Utterance],
+    options: StreamingOptions = StreamingOptions(),
+    with_pocketsphinx: bool = True,
+    progress: Callable[[str, int, int], None] | None = None,
+) -> dict[str, object]:
+    """The JSON report: model, overall and groups (wer, rtf, rtf_2threads, utterances,
+    audio_seconds), and pocketsphinx (or a note saying why it is missing)."""
+
+    def stage(name: str) -> PROGRESS | None:
+        return None if progress is None else (lambda done, total: progress(name, done, total))
+
+    hypotheses, seconds, one = run_edgestream(asr, utterances, options, 1, stage("1 thread"))
+    _, _, two = run_edgestream(asr, utterances, options, 2, stage("2 threads"))
+    table = _scores(utterances, hypotheses, seconds, one)
+    table_two = _scores(utterances, hypotheses, seconds, two)
+    for name, row in table.items():
+        row["rtf_2threads"] = table_two[name]["rtf"]
+    report: dict[str, object] = {
+        "model": str(asr.path),
+        "chunk_ms": options.chunk_ms,
+        "left_chunks": options.left_chunks,
+        "decoder": f"prefix beam {options.beam}" if options.beam else "greedy",
+        "overall": table.pop("overall"),
+        "groups": table,
+    }
+    if with_pocketsphinx and pocketsphinx_available():
+        sphinx_hyps, sphinx_seconds, sphinx_time = run_pocketsphinx(
+            utterances, stage("pocketsphinx")
+        )
+        sphinx = _scores(utterances, sphinx_hyps, sphinx_seconds, sphinx_time)
+        report["pocketsphinx"] = {"overall": sphinx.pop("overall"), "groups": sphinx}
+    else:
+        report["pocketsphinx"] = {"note": "not run: pip install pocketsphinx"}
+    return report

@@ -1,0 +1,81 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import soundfile as sf
+
+from edgestream.asr.audio import AudioError, AudioStats, read_audio, stream_audio
+
+
+def _tone(seconds: float, rate: int) -> np.ndarray:
+    t = np.arange(int(seconds * rate)) / rate
+    return (0.5 * np.sin(2 * np.pi * 440 * t)).astype(np.float32)
+
+
+@pytest.mark.parametrize(
+    ("suffix", "rate", "channels"),
+    [
+        ("wav", 16_000, 1),
+        ("wav", 8_000, 1),
+        ("wav", 44_100, 2),
+        ("flac", 22_050, 2),
+        ("ogg", 48_000, 1),
+    ],
+)
+def test_any_format_rate_and_channels_become_16k_mono(
+    tmp_path: Path, suffix: str, rate: int, channels: int
+) -> None:
+    tone = _tone(1.5, rate)
+    path = tmp_path / f"a.{suffix}"
+    sf.write(path, np.stack([tone] * channels, axis=1), rate)
+    stats = AudioStats(0, 0)
+    samples = np.concatenate(list(stream_audio(path, stats=stats)))
+    assert (stats.sample_rate, stats.channels) == (rate, channels)
+    assert samples.dtype == np.float32 and len(samples) == pytest.approx(24_000, abs=40)
+    spectrum = np.abs(np.fft.rfft(samples[2000:-2000]))
+    assert np.argmax(spectrum) * 16_000 / len(samples[2000:-2000]) == pytest.approx(440, abs=3)
+
+
+def test_bad_files_are_refused_with_the_reason(tmp_path: Path) -> None:
+    empty = tmp_path / "empty.wav"
+    empty.touch()
+    text = tmp_path / "notes.wav"
+    text.write_text("this is not audio " * 50)
+    headless = tmp_path / "zero.wav"
+    sf.write(headless, np.zeros(0, np.float32), 16_000)
+    nan = tmp_path / "nan.wav"
+    sf.write(nan, np.array([0.1, np.nan, 0.2] * 100, np.float32), 16_000, subtype="FLOAT")
+    for path, reason in [
+        (tmp_path / "missing.wav", "no such file"),
+        (tmp_path, "folder"),
+        (empty, "empty"),
+        (text, "not a readable audio file"),
+        (headless, "no audio samples"),
+        (nan, "NaN"),
+    ]:
+        with pytest.raises(AudioError, match=reason):
+            read_audio(path)
+
+
+def test_truncated_and_clipped_files_are_read_and_flagged(tmp_path: Path) -> None:
+    whole = tmp_path / "whole.wav"
+    sf.write(whole, np.clip(3 * _tone(2.0, 16_000), -1, 1), 16_000)
+    truncated = tmp_path / "truncated.wav"
+    truncated.write_bytes(whole.read_bytes()[:40_000])
+    stats = AudioStats(0, 0)
+    samples = np.concatenate(list(stream_audio(truncated, stats=stats)))
+    assert stats.truncated and len(samples) == (40_000 - 44) // 2
+    assert stats.clipped_fraction > 0.3
+    whole_stats = AudioStats(0, 0)
+    list(stream_audio(whole, stats=whole_stats))
+    assert not whole_stats.truncated
+
+
+def test_long_files_are_read_in_small_blocks(tmp_path: Path) -> None:
+    path = tmp_path / "long.flac"
+    sf.write(path, _tone(120.0, 44_100), 44_100)
+    sizes = [len(block) for block in stream_audio(path)]
+    assert sum(sizes) == pytest.approx(120 * 16_000, abs=40)
+    assert max(sizes) <= 16_000  # half a second at a time: memory does not grow with length

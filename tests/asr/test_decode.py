@@ -1,0 +1,80 @@
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from edgestream.asr.decode import (
+    CharVocabulary,
+    GreedyDecoder,
+    PrefixBeamDecoder,
+    ctc_greedy,
+    ctc_prefix_beam_search,
+)
+
+
+def _log_probs(seed: int, frames: int, vocab: int) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    return np.log(rng.dirichlet(np.full(vocab, 0.4), size=frames) + 1e-12)
+
+
+def _ctc_log_likelihood(labels: tuple[int, ...], log_probs: np.ndarray) -> float:
+    """log P(labels | log_probs) by the CTC forward algorithm, the textbook way."""
+    extended = [0]
+    for label in labels:
+        extended += [label, 0]
+    alpha = np.full(len(extended), -np.inf)
+    alpha[0] = log_probs[0, 0]
+    if len(extended) > 1:
+        alpha[1] = log_probs[0, extended[1]]
+    for frame in log_probs[1:]:
+        previous = alpha.copy()
+        for s, token in enumerate(extended):
+            terms = [previous[s]] + ([previous[s - 1]] if s > 0 else [])
+            if s > 1 and token != 0 and token != extended[s - 2]:
+                terms.append(previous[s - 2])
+            alpha[s] = np.logaddexp.reduce(terms) + frame[token]
+    return float(np.logaddexp(alpha[-1], alpha[-2]) if len(extended) > 1 else alpha[-1])
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.integers(0, 10_000))
+def test_wide_prefix_beam_search_finds_the_most_likely_labelling(seed: int) -> None:
+    log_probs = _log_probs(seed, frames=5, vocab=3)
+    candidates = [c for n in range(6) for c in itertools.product((1, 2), repeat=n)]
+    best = max(candidates, key=lambda c: _ctc_log_likelihood(c, log_probs))
+    assert tuple(ctc_prefix_beam_search(log_probs, beam=100, token_beam=3)) == best
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.integers(0, 10_000), st.lists(st.integers(1, 7), min_size=1, max_size=6))
+def test_decoders_give_the_same_result_whatever_the_pieces(seed: int, cuts: list[int]) -> None:
+    log_probs = _log_probs(seed, frames=30, vocab=5)
+    greedy, beam = GreedyDecoder(), PrefixBeamDecoder(4, 4)
+    start = 0
+    for cut in itertools.cycle(cuts):
+        if start >= len(log_probs):
+            break
+        greedy.advance(log_probs[start : start + cut])
+        beam.advance(log_probs[start : start + cut])
+        start += cut
+    assert greedy.ids == ctc_greedy(log_probs)
+    assert beam.ids == ctc_prefix_beam_search(log_probs, 4, 4)
+
+
+def test_greedy_merges_repeats_but_not_across_a_blank() -> None:
+    frames = [1, 1, 0, 1, 2, 2, 0, 0, 3]
+    log_probs = np.log(np.eye(4)[frames] * 0.97 + 0.01)
+    assert ctc_greedy(log_probs) == [1, 1, 2, 3]
+
+
+def test_vocabulary_round_trip_and_unknown_characters() -> None:
+    vocabulary = CharVocabulary()
+    assert len(vocabulary) == 29
+    text = "it's a test"
+    assert vocabulary.decode(vocabulary.encode(text)) == text
+    with pytest.raises(ValueError, match="characters"):
+        vocabulary.encode("Hello!")

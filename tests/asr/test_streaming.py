@@ -1,0 +1,100 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from edgestream.asr.decode import ctc_greedy
+from edgestream.asr.features import compute_fbank, load_audio
+from edgestream.asr.model_io import load_model
+from edgestream.asr.streaming import Recognizer, StreamingOptions
+from edgestream.asr.synth import read_manifest
+
+
+def _offline_text(asr, samples: np.ndarray, options: StreamingOptions) -> str:
+    features = torch.from_numpy(asr.cmvn.normalize(compute_fbank(samples)))[None]
+    with torch.no_grad():
+        log_probs, _ = asr.model(
+            features, torch.tensor([features.shape[1]]), options.chunk_frames, options.left_chunks
+        )
+    return asr.vocabulary.decode(ctc_greedy(log_probs[0].numpy()))
+
+
+def _stream(asr, samples: np.ndarray, options: StreamingOptions, seed: int) -> Recognizer:
+    recognizer = Recognizer(asr, options)
+    rng, start = np.random.default_rng(seed), 0
+    while start < len(samples):
+        size = int(rng.choice([0, 1, 159, 160, 401, 1600, 7777]))
+        recognizer.accept_waveform(samples[start : start + size])
+        start += size
+    recognizer.finalize()
+    return recognizer
+
+
+@pytest.mark.parametrize(("chunk_ms", "left_chunks"), [(40, 0), (160, 2), (640, 4), (1280, 1)])
+def test_streaming_text_equals_the_offline_chunk_masked_pass(
+    random_model: Path, tiny_corpus: Path, chunk_ms: int, left_chunks: int
+) -> None:
+    asr = load_model(random_model)
+    options = StreamingOptions(chunk_ms=chunk_ms, left_chunks=left_chunks)
+    for number, entry in enumerate(read_manifest(tiny_corpus / "dev.jsonl")):
+        samples = load_audio(tiny_corpus / entry.audio)
+        streamed = _stream(asr, samples, options, seed=number).text
+        assert len(streamed) > 5  # random weights: many (arbitrary) characters to compare
+        assert streamed == _offline_text(asr, samples, options)
+
+
+def _frames(asr, pattern: str) -> np.ndarray:
+    """Confident log-probs spelling `pattern`, with '_' for a blank frame."""
+    ids = [0 if c == "_" else asr.vocabulary.encode(c)[0] for c in pattern]
+    return np.log(np.eye(len(asr.vocabulary))[ids] * 0.97 + 0.001).astype(np.float32)
+
+
+def test_endpoint_rules_split_the_text_without_changing_it(random_model: Path) -> None:
+    asr = load_model(random_model)
+    options = StreamingOptions(
+        silence_after_text_s=1.2, silence_before_text_s=2.4, max_segment_s=2.0
+    )
+    recognizer = Recognizer(asr, options)
+    pattern = (
+        "_" * 70  # 2.8 s of silence before any text: an (empty) endpoint, no segment
+        + "hi_ "
+        + "_" * 30  # then 1.2 s of silence after text: "hi" closes
+        + "_ _".join(["a_b_c"] * 24)
+        + "_"  # a long run of words: cut between words past 2 s
+    )
+    log_probs = _frames(asr, pattern)
+    for start in range(0, len(log_probs), 7):
+        recognizer._decode(log_probs[start : start + 7])
+    assert recognizer.segments[0] == "hi"
+    assert len(recognizer.segments) >= 3
+    assert all(len(s) < 30 for s in recognizer.segments[1:])
+    assert recognizer.text == asr.vocabulary.decode(ctc_greedy(log_probs))
+
+
+def test_memory_stays_flat_over_a_long_stream(random_model: Path) -> None:
+    asr = load_model(random_model)
+    options = StreamingOptions(chunk_ms=640, left_chunks=2)
+    recognizer = Recognizer(asr, options)
+    piece = np.zeros(16_000 * 5, np.float32)
+    for _ in range(12 * 10):  # ten minutes
+        recognizer.accept_waveform(piece)
+        assert len(recognizer._features) < 4 * options.chunk_frames + 7
+        assert recognizer._caches[0].keys.shape[2] <= options.left_chunks * options.chunk_frames
+    assert recognizer.seconds == pytest.approx(600)
+
+
+def test_misuse_is_refused(random_model: Path) -> None:
+    asr = load_model(random_model)
+    recognizer = Recognizer(asr)
+    with pytest.raises(ValueError, match="finite"):
+        recognizer.accept_waveform(np.array([0.0, np.nan], np.float32))
+    with pytest.raises(ValueError, match="mono"):
+        recognizer.accept_waveform(np.zeros((10, 2), np.float32))
+    assert recognizer.finalize() == recognizer.finalize()
+    with pytest.raises(RuntimeError, match="finalized"):
+        recognizer.accept_waveform(np.zeros(10, np.float32))
+    with pytest.raises(ValueError, match="chunk"):
+        StreamingOptions(chunk_ms=100)

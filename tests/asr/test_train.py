@@ -1,0 +1,146 @@
+"""ASR training: the loss falls, runs resume, the model file loads, and torchrun (DDP) works."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+
+from edgestream.asr.model_io import load_model
+from edgestream.asr.train import TrainConfig, length_batches, train_asr
+
+from .conftest import TINY
+
+FAST = TrainConfig(epochs=3, warmup_steps=3, max_frames=4000, lr=3e-3, eval_utterances=10)
+
+
+def test_length_batches_cover_everything_once_within_the_budget() -> None:
+    lengths = [5, 300, 40, 41, 1000, 7, 299, 120]
+    batches = length_batches(lengths, 1000)
+    assert sorted(i for b in batches for i in b) == list(range(len(lengths)))
+    assert all(len(b) * max(lengths[i] for i in b) <= 1000 or len(b) == 1 for b in batches)
+
+
+def test_training_lowers_the_loss_resumes_and_writes_a_loadable_model(
+    tiny_corpus: Path, tmp_path: Path
+) -> None:
+    losses: list[float] = []
+    epochs: list[float] = []
+
+    def record(event: dict[str, float]) -> None:
+        if "loss" in event:
+            losses.append(event["loss"])
+        else:
+            epochs.append(event["epoch"])
+
+    out = tmp_path / "run"
+    train_asr(tiny_corpus / "train.jsonl", tiny_corpus / "dev.jsonl", out, TINY, FAST, record)
+    assert epochs == [1, 2, 3]
+    steps_per_epoch = len(losses) // 3
+    first, last = losses[:steps_per_epoch], losses[-steps_per_epoch:]
+    assert sum(last) / len(last) < 0.8 * sum(first) / len(first)
+
+    # Resume: two more epochs continue from the checkpoint, not from scratch.
+    epochs.clear()
+    final = train_asr(
+        tiny_corpus / "train.jsonl",
+        tiny_corpus / "dev.jsonl",
+        out,
+        TINY,
+        replace(FAST, epochs=5),
+        record,
+    )
+    assert epochs == [4, 5]
+    state = torch.load(out / "checkpoint.pt", weights_only=True)
+    assert state["epoch"] == 5 and len(state["history"]) == 5
+    assert not list(out.glob(".*.tmp"))
+    asr = load_model(final)
+    assert asr.model.config == TINY and asr.info["history"][-1]["epoch"] == 5
+    with pytest.raises(ValueError, match="trained with"):
+        train_asr(
+            tiny_corpus / "train.jsonl",
+            tiny_corpus / "dev.jsonl",
+            out,
+            replace(TINY, num_layers=3),
+            FAST,
+        )
+
+
+def test_cli_trains_under_torchrun_with_two_processes(tiny_corpus: Path, tmp_path: Path) -> None:
+    config = tmp_path / "config.json"
+    model = {k: v for k, v in TINY.to_dict().items()}
+    config.write_text(
+        json.dumps({"model": model, "train": {"epochs": 1, "max_frames": 3000, "warmup_steps": 2}})
+    )
+    out, export = tmp_path / "run", tmp_path / "model.safetensors"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node=2",
+        "-m",
+        "edgestream",
+        "train",
+        "asr",
+        "--manifest",
+        str(tiny_corpus / "train.jsonl"),
+        "--dev",
+        str(tiny_corpus / "dev.jsonl"),
+        "--out",
+        str(out),
+        "--config",
+        str(config),
+        "--export",
+        str(export),
+    ]
+    proc = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "2 processes" in proc.stderr and "dev WER" in proc.stderr
+    assert load_model(export).model.config == TINY
+
+
+def test_cli_refuses_bad_training_input(tiny_corpus: Path, tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from edgestream.cli import app
+
+    runner = CliRunner()
+    missing = runner.invoke(
+        app,
+        [
+            "train",
+            "asr",
+            "--manifest",
+            str(tmp_path / "no.jsonl"),
+            "--dev",
+            str(tiny_corpus / "dev.jsonl"),
+            "--out",
+            str(tmp_path),
+        ],
+    )
+    assert missing.exit_code == 2 and "manifest" in missing.output
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"optimizer": {}}))
+    unknown = runner.invoke(
+        app,
+        [
+            "train",
+            "asr",
+            "--manifest",
+            str(tiny_corpus / "train.jsonl"),
+            "--dev",
+            str(tiny_corpus / "dev.jsonl"),
+            "--out",
+            str(tmp_path),
+            "--config",
+            str(bad),
+        ],
+    )
+    assert unknown.exit_code == 2 and "unknown sections" in unknown.output

@@ -1,0 +1,116 @@
+"""`edgestream transcribe` and `edgestream bench asr`: outputs, JSON keys and bad input."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import soundfile as sf
+from typer.testing import CliRunner
+
+from edgestream.asr.model_io import load_model
+from edgestream.asr.streaming import StreamingOptions
+from edgestream.asr.synth import read_manifest
+from edgestream.asr.transcribe import transcribe_file, transcribe_samples
+from edgestream.cli import app
+
+runner = CliRunner()
+
+
+def _first_audio(corpus: Path) -> Path:
+    return corpus / read_manifest(corpus / "dev.jsonl")[0].audio
+
+
+def test_transcribe_file_matches_one_piece_streaming(random_model: Path, tiny_corpus: Path) -> None:
+    asr, audio = load_model(random_model), _first_audio(tiny_corpus)
+    partials: list[str] = []
+    result = transcribe_file(asr, audio, StreamingOptions(), partials.append)
+    samples = sf.read(audio, dtype="float32")[0]
+    assert result.text == transcribe_samples(asr, samples, StreamingOptions())
+    assert partials and partials[-1] == result.text
+    assert result.duration == pytest.approx(len(samples) / 16_000)
+    assert 0 < result.rtf < 5 and result.first_partial_ms is not None
+
+
+def test_cli_json_lines_and_streamed_partials(random_model: Path, tiny_corpus: Path) -> None:
+    audio = _first_audio(tiny_corpus)
+    plain = runner.invoke(app, ["transcribe", str(audio), "--model", str(random_model), "--json"])
+    assert plain.exit_code == 0, plain.output
+    final = json.loads(plain.stdout.strip())
+    assert set(final) == {"audio", "text", "duration", "rtf", "first_partial_ms"}
+    streamed = runner.invoke(
+        app, ["transcribe", str(audio), "--model", str(random_model), "--json", "--stream"]
+    )
+    lines = [json.loads(line) for line in streamed.stdout.strip().splitlines()]
+    assert len(lines) >= 2 and all(set(line) == {"audio", "partial"} for line in lines[:-1])
+    assert lines[-1]["text"] == final["text"] == lines[-2]["partial"]
+
+
+def test_cli_reports_each_bad_file_and_still_transcribes_the_good_ones(
+    random_model: Path, tiny_corpus: Path, tmp_path: Path
+) -> None:
+    good = _first_audio(tiny_corpus)
+    corrupt = tmp_path / "corrupt.wav"
+    corrupt.write_bytes(b"RIFF\x00\x00\x00\x00WAVEjunkjunkjunk")
+    stereo_8k = tmp_path / "stereo8k.wav"
+    samples = sf.read(good, dtype="float32")[0]
+    sf.write(stereo_8k, np.stack([samples[::2]] * 2, axis=1), 8_000)
+    result = runner.invoke(
+        app,
+        [
+            "transcribe",
+            str(tmp_path / "missing.wav"),
+            str(corrupt),
+            str(good),
+            str(stereo_8k),
+            "--model",
+            str(random_model),
+            "--json",
+        ],
+    )
+    assert result.exit_code == 2
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 2 and "no such file" in errors[0] and "corrupt.wav" in errors[1]
+    assert "Traceback" not in result.output
+    transcribed = [json.loads(line)["audio"] for line in result.stdout.strip().splitlines()]
+    assert transcribed == [str(good), str(stereo_8k)]
+
+
+def test_cli_refuses_an_unknown_model_and_bad_options(tiny_corpus: Path, tmp_path: Path) -> None:
+    audio = str(_first_audio(tiny_corpus))
+    unknown = runner.invoke(app, ["transcribe", audio, "--model", "whisper-large"])
+    assert unknown.exit_code == 2 and "unknown ASR model 'whisper-large'" in unknown.stderr
+    not_a_model = tmp_path / "model.safetensors"
+    not_a_model.write_bytes(b"garbage")
+    corrupt = runner.invoke(app, ["transcribe", audio, "--model", str(not_a_model)])
+    assert corrupt.exit_code == 2 and "not a readable safetensors file" in corrupt.stderr
+    chunk = runner.invoke(app, ["transcribe", audio, "--chunk-ms", "100"])
+    assert chunk.exit_code == 2 and "chunk" in chunk.stderr
+
+
+def test_bench_asr_writes_the_report(random_model: Path, tiny_corpus: Path, tmp_path: Path) -> None:
+    out = tmp_path / "asr.json"
+    result = runner.invoke(
+        app,
+        [
+            "bench",
+            "asr",
+            "--manifest",
+            str(tiny_corpus / "test.jsonl"),
+            "--model",
+            str(random_model),
+            "--json",
+            str(out),
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    report = json.loads(out.read_text())
+    keys = {"wer", "rtf", "rtf_2threads", "utterances", "audio_seconds"}
+    assert set(report["overall"]) == keys
+    assert set(report["groups"]) == {"espeak-seen", "espeak-unseen"}
+    assert all(set(row) == keys for row in report["groups"].values())
+    assert report["overall"]["wer"] > 0.5  # random weights cannot transcribe
+    sphinx = report["pocketsphinx"]
+    assert "note" in sphinx or set(sphinx["overall"]) == keys - {"rtf_2threads"}
