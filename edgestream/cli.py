@@ -669,6 +669,41 @@ def bench_asr_command(
         stderr.print(f"wrote {json_path}")
 
 
+@bench_app.command("subsampling")
+@user_errors
+def bench_subsampling_command(
+    model: Annotated[
+        str, typer.Option(help="Model whose shape to use ('default' or a file).")
+    ] = "default",
+    chunk_ms: Annotated[int, typer.Option(help="Streaming chunk (multiple of 40 ms).")] = 640,
+    json_path: Annotated[Path | None, typer.Option("--json", help="Also write JSON here.")] = None,
+) -> None:
+    """Share of compute and latency in the subsampling: depthwise separable vs Conv2d."""
+    from rich.table import Table
+
+    from edgestream.asr.model_io import load_model
+    from edgestream.bench.subsampling import subsampling_share
+
+    options = _streaming_options(chunk_ms, 4, 0)
+    results = subsampling_share(load_model(model).model.config, options.chunk_frames)
+    table = Table(title=f"Subsampling share of a {chunk_ms} ms streaming step (1 thread)")
+    for column in ("subsampling", "params", "MFLOPs", "FLOPs share", "ms", "latency share"):
+        table.add_column(column)
+    for kind, row in results.items():
+        table.add_row(
+            kind,
+            f"{row['subsampling_parameters']:,}",
+            f"{row['subsampling_mflops']:.1f} / {row['chunk_mflops']:.1f}",
+            f"{row['flops_share']:.1%}",
+            f"{row['subsampling_ms']:.2f} / {row['chunk_ms']:.2f}",
+            f"{row['latency_share']:.1%}",
+        )
+    Console().print(table)
+    if json_path is not None:
+        json_path.write_text(json.dumps(results, indent=1) + "\n", "utf-8")
+        stderr.print(f"wrote {json_path}")
+
+
 @numerics_app.command("report")
 @user_errors
 def numerics_report_command(

@@ -1,19 +1,41 @@
-"""Characters <-> CTC ids, and CTC decoding: greedy and prefix beam search.
+"""CTC output units (characters or SentencePiece BPE pieces) and CTC decoding: greedy and
+prefix beam search.
 
-The vocabulary is the transcript alphabet of `text.VOCAB` (a-z, apostrophe, space) after the
-CTC blank (id 0). Both decoders take one utterance's log-probabilities (T, V) as a numpy array.
+Id 0 is the CTC blank. The character vocabulary is the transcript alphabet of `text.VOCAB`
+(a-z, apostrophe, space). Both decoders take log-probabilities (T, V) as a numpy array, in
+pieces of any length.
 """
 
 from __future__ import annotations
 
+import base64
+import io
 import math
 from collections import defaultdict
+from typing import Protocol
 
 import numpy as np
+import sentencepiece as spm
 
 from edgestream.asr.text import VOCAB
 
 BLANK = 0
+
+
+class Vocabulary(Protocol):
+    """CTC output units: ids 1..len-1 (0 is the blank) <-> transcript text."""
+
+    def __len__(self) -> int: ...
+
+    def encode(self, text: str) -> list[int]: ...
+
+    def decode(self, ids: list[int]) -> str: ...
+
+    def is_word_end(self, token: int) -> bool:
+        """Whether a word certainly ends after `token` (endpointing may cut there)."""
+        ...
+
+    def to_metadata(self) -> dict[str, str]: ...
 
 
 class CharVocabulary:
@@ -40,6 +62,71 @@ class CharVocabulary:
     def decode(self, ids: list[int]) -> str:
         """Ids (no blanks) -> text, spaces collapsed and trimmed."""
         return " ".join("".join(self.characters[i - 1] for i in ids).split())
+
+    def is_word_end(self, token: int) -> bool:
+        return self.characters[token - 1] == " "
+
+    def to_metadata(self) -> dict[str, str]:
+        return {"vocabulary": "char", "characters": self.characters}
+
+
+class BpeVocabulary:
+    """SentencePiece BPE pieces as CTC ids 1..size (piece id + 1; 0 is the blank)."""
+
+    def __init__(self, model_proto: bytes) -> None:
+        self.model_proto = model_proto
+        self._processor = spm.SentencePieceProcessor(model_proto=model_proto)
+
+    @classmethod
+    def train(cls, texts: list[str], size: int) -> BpeVocabulary:
+        """Learn `size` pieces from transcripts (deterministic for the same texts)."""
+        model = io.BytesIO()
+        spm.SentencePieceTrainer.train(
+            sentence_iterator=iter(texts),
+            model_writer=model,
+            vocab_size=size,
+            model_type="bpe",
+            character_coverage=1.0,
+            unk_id=0,
+            bos_id=-1,
+            eos_id=-1,
+            num_threads=1,
+            minloglevel=2,
+        )
+        return cls(model.getvalue())
+
+    def __len__(self) -> int:
+        return self._processor.get_piece_size() + 1
+
+    def encode(self, text: str) -> list[int]:
+        return [i + 1 for i in self._processor.encode(text)]
+
+    def decode(self, ids: list[int]) -> str:
+        return " ".join(self._processor.decode([i - 1 for i in ids]).split())
+
+    def is_word_end(self, token: int) -> bool:
+        return False  # a piece never says that the word is over: the next one would
+
+    def to_metadata(self) -> dict[str, str]:
+        return {"vocabulary": "bpe", "sentencepiece": base64.b64encode(self.model_proto).decode()}
+
+
+def make_vocabulary(kind: str, texts: list[str]) -> Vocabulary:
+    """ "char", or "bpe-N" (N pieces learnt from `texts`)."""
+    if kind == "char":
+        return CharVocabulary()
+    if kind.startswith("bpe-") and kind[4:].isdigit():
+        return BpeVocabulary.train(texts, int(kind[4:]))
+    raise ValueError(f"unknown vocabulary {kind!r}: expected 'char' or 'bpe-N' (e.g. bpe-256)")
+
+
+def vocabulary_from_metadata(metadata: dict[str, str]) -> Vocabulary:
+    kind = metadata.get("vocabulary", "char")
+    if kind == "char":
+        return CharVocabulary(metadata["characters"])
+    if kind == "bpe":
+        return BpeVocabulary(base64.b64decode(metadata["sentencepiece"]))
+    raise ValueError(f"unknown vocabulary kind {kind!r} in the model file")
 
 
 class GreedyDecoder:

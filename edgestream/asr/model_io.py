@@ -15,7 +15,7 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 
 from edgestream.asr.conformer import ConformerConfig, ConformerCTC
-from edgestream.asr.decode import CharVocabulary
+from edgestream.asr.decode import Vocabulary, vocabulary_from_metadata
 from edgestream.asr.features import GlobalCmvn
 
 FORMAT = "edgestream-conformer-ctc/1"
@@ -27,7 +27,7 @@ BUNDLED = {"default": WEIGHTS_DIR / "conformer-ctc-default.safetensors"}
 class AsrModel:
     model: ConformerCTC
     cmvn: GlobalCmvn
-    vocabulary: CharVocabulary
+    vocabulary: Vocabulary
     info: dict[str, object]  # how it was trained (free-form)
     path: Path
 
@@ -36,7 +36,7 @@ def save_model(
     path: Path,
     model: ConformerCTC,
     cmvn: GlobalCmvn,
-    vocabulary: CharVocabulary,
+    vocabulary: Vocabulary,
     info: dict[str, object],
 ) -> None:
     """Write atomically (temporary file, then rename)."""
@@ -44,7 +44,7 @@ def save_model(
         "format": FORMAT,
         "config": json.dumps(model.config.to_dict()),
         "cmvn": json.dumps(cmvn.to_dict()),
-        "characters": vocabulary.characters,
+        **vocabulary.to_metadata(),
         "info": json.dumps(info),
     }
     temporary = path.with_name(f".{path.name}.tmp")
@@ -88,7 +88,7 @@ def load_model(name: str | Path = "default") -> AsrModel:
     return AsrModel(
         model,
         GlobalCmvn.from_dict(json.loads(metadata["cmvn"])),
-        CharVocabulary(metadata["characters"]),
+        vocabulary_from_metadata(metadata),
         json.loads(metadata["info"]),
         path,
     )

@@ -68,7 +68,6 @@ class Recognizer:
         self._caches = asr.model.empty_cache()
         self.segments: list[str] = []  # texts of the segments closed by endpoints
         self._decoder = self._new_decoder()
-        self._space = asr.vocabulary.encode(" ")[0]
         self._silent_frames = 0
         self._segment_frames = 0
         self.samples_accepted = 0
@@ -144,7 +143,9 @@ class Recognizer:
             silence_s, segment_s = self._silent_frames * frame_s, self._segment_frames * frame_s
             ids = self._decoder.ids
             # A long segment is cut only between words, so the cut cannot split one.
-            between_words = self._silent_frames > 0 and (not ids or ids[-1] == self._space)
+            between_words = self._silent_frames > 0 and (
+                not ids or self.asr.vocabulary.is_word_end(ids[-1])
+            )
             if (
                 (not ids and silence_s >= self.options.silence_before_text_s)
                 or (ids and silence_s >= self.options.silence_after_text_s)

@@ -22,7 +22,7 @@ import math
 import os
 import random
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import jiwer
@@ -33,7 +33,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from edgestream.asr.conformer import ConformerConfig, ConformerCTC
-from edgestream.asr.decode import CharVocabulary, ctc_greedy
+from edgestream.asr.decode import Vocabulary, ctc_greedy, make_vocabulary, vocabulary_from_metadata
 from edgestream.asr.features import NUM_MEL_BINS, GlobalCmvn, compute_fbank, load_audio
 from edgestream.asr.model_io import save_model
 from edgestream.asr.synth import read_manifest
@@ -56,6 +56,7 @@ class TrainConfig:
     eval_chunk: int = 16  # 640 ms
     eval_left_chunks: int = 4
     eval_utterances: int = 300
+    vocabulary: str = "char"  # or "bpe-N": N SentencePiece BPE pieces learnt from the texts
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -152,24 +153,23 @@ def make_batch(
     store: FeatureStore,
     indices: list[int],
     cmvn: GlobalCmvn,
-    vocabulary: CharVocabulary,
+    vocabulary: Vocabulary,
     augment: TrainConfig | None,
     rng: random.Random,
 ) -> Batch:
     longest = max(store.lengths[i] for i in indices)
     features = torch.zeros(len(indices), longest, NUM_MEL_BINS)
-    labels: list[int] = []
+    labels = [vocabulary.encode(store.texts[i]) for i in indices]
     for row, i in enumerate(indices):
         utterance = torch.from_numpy(cmvn.normalize(store.features(i).astype(np.float32)))
         if augment is not None:
             utterance = spec_augment(utterance, augment, rng)
         features[row, : len(utterance)] = utterance
-        labels += vocabulary.encode(store.texts[i])
     return Batch(
         features,
         torch.tensor([store.lengths[i] for i in indices]),
-        torch.tensor(labels),
-        torch.tensor([len(store.texts[i]) for i in indices]),
+        torch.tensor([token for label in labels for token in label]),
+        torch.tensor([len(label) for label in labels]),
     )
 
 
@@ -208,7 +208,7 @@ def evaluate(
     model: ConformerCTC,
     store: FeatureStore,
     cmvn: GlobalCmvn,
-    vocabulary: CharVocabulary,
+    vocabulary: Vocabulary,
     chunk: int,
     left_chunks: int,
     limit: int | None = None,
@@ -230,6 +230,26 @@ def evaluate(
             references.append(store.texts[i])
     model.train(was_training)
     return float(jiwer.wer(references, hypotheses))
+
+
+def _shared_vocabulary(
+    kind: str, texts: list[str], out_dir: Path, rank: int, world: int
+) -> Vocabulary:
+    """The run's vocabulary, learnt once (by rank 0) and kept in out_dir for every rank and
+    for resuming."""
+    path = out_dir / "vocabulary.json"
+    if rank == 0 and not path.exists():
+        temporary = path.with_name(f".{path.name}.tmp")
+        temporary.write_text(json.dumps(make_vocabulary(kind, texts).to_metadata()), "utf-8")
+        os.replace(temporary, path)
+    if world > 1:
+        dist.barrier()
+    metadata = json.loads(path.read_text("utf-8"))
+    if metadata["vocabulary"] != kind.split("-")[0]:
+        raise ValueError(
+            f"{out_dir} was trained with a {metadata['vocabulary']} vocabulary, not {kind}"
+        )
+    return vocabulary_from_metadata(metadata)
 
 
 def _save_atomic(obj: object, path: Path) -> None:
@@ -286,9 +306,8 @@ def train_asr(
     if world > 1:
         dist.barrier()
     cmvn = GlobalCmvn.load(cmvn_path)
-    vocabulary = CharVocabulary()
-    if model_config.vocab_size != len(vocabulary):
-        raise ValueError(f"expected vocab_size {len(vocabulary)}, got {model_config.vocab_size}")
+    vocabulary = _shared_vocabulary(config.vocabulary, train_store.texts, out_dir, rank, world)
+    model_config = replace(model_config, vocab_size=len(vocabulary))
 
     torch.manual_seed(config.seed)  # identical initial weights on every rank
     model = ConformerCTC(model_config)

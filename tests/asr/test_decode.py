@@ -13,6 +13,8 @@ from edgestream.asr.decode import (
     PrefixBeamDecoder,
     ctc_greedy,
     ctc_prefix_beam_search,
+    make_vocabulary,
+    vocabulary_from_metadata,
 )
 
 
@@ -78,3 +80,15 @@ def test_vocabulary_round_trip_and_unknown_characters() -> None:
     assert vocabulary.decode(vocabulary.encode(text)) == text
     with pytest.raises(ValueError, match="characters"):
         vocabulary.encode("Hello!")
+
+
+def test_bpe_vocabulary_round_trips_and_survives_its_metadata() -> None:
+    texts = [f"the {w} sat on the mat number {n}" for w in ("cat", "dog") for n in ("one", "two")]
+    vocabulary = make_vocabulary("bpe-30", texts * 20)
+    assert len(vocabulary) == 31 and not vocabulary.is_word_end(1)
+    ids = vocabulary.encode("the dog sat on the mat")
+    assert min(ids) >= 1 and len(ids) < len("the dog sat on the mat")
+    again = vocabulary_from_metadata(vocabulary.to_metadata())
+    assert again.decode(ids) == vocabulary.decode(ids) == "the dog sat on the mat"
+    with pytest.raises(ValueError, match="unknown vocabulary"):
+        make_vocabulary("wordpiece", texts)

@@ -72,6 +72,18 @@ def test_training_lowers_the_loss_resumes_and_writes_a_loadable_model(
         )
 
 
+def test_a_bpe_vocabulary_trains_and_travels_in_the_model_file(
+    tiny_corpus: Path, tmp_path: Path
+) -> None:
+    config = replace(FAST, epochs=1, vocabulary="bpe-40")
+    final = train_asr(
+        tiny_corpus / "train.jsonl", tiny_corpus / "dev.jsonl", tmp_path, TINY, config
+    )
+    asr = load_model(final)
+    assert asr.model.config.vocab_size == len(asr.vocabulary) == 41
+    assert asr.vocabulary.decode(asr.vocabulary.encode("the cat sat")) == "the cat sat"
+
+
 def test_cli_trains_under_torchrun_with_two_processes(tiny_corpus: Path, tmp_path: Path) -> None:
     config = tmp_path / "config.json"
     model = {k: v for k, v in TINY.to_dict().items()}
