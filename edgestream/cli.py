@@ -37,7 +37,11 @@ app.add_typer(numerics_app, name="numerics")
 
 stderr = Console(stderr=True, highlight=False)
 
-METHODS = ("ar", "ss")  # = edgestream.llm.methods.METHODS, kept here so --help needs no torch
+METHODS = (
+    "ar",
+    "ss",
+    "pld",
+)  # = edgestream.llm.methods.METHODS, kept here so --help needs no torch
 
 
 def user_errors(command: Callable[P, R]) -> Callable[P, R]:
@@ -281,6 +285,7 @@ def bench_spec_command(
     dtype: Annotated[str, typer.Option(help="float32 or bfloat16.")] = "float32",
     threads: Annotated[int, typer.Option(help="CPU threads.")] = 2,
     streams: Annotated[Path | None, typer.Option(help="Stream weights for ss.")] = None,
+    pld_tokens: Annotated[int, typer.Option(help="Longest prompt-lookup draft (pld).")] = 10,
     data: Annotated[
         Path | None, typer.Option(help="Shared data folder (for --suite tasks).")
     ] = None,
@@ -306,7 +311,9 @@ def bench_spec_command(
     _set_threads(threads)
     _quiet_libraries()
     lm = load_language_model(model, dtype)
-    options = MethodOptions(streams_path=streams)
+    if pld_tokens < 1:
+        raise ValueError(f"--pld-tokens must be at least 1, got {pld_tokens}")
+    options = MethodOptions(streams_path=streams, pld_tokens=pld_tokens)
     decoders = {name: make_decoder(name, lm, options) for name in names}
     with Progress(console=stderr, transient=True) as bar:
         task = bar.add_task("decoding", total=len(questions))
@@ -541,7 +548,10 @@ def train_asr_command(
                     f"{time.time() - started:.0f} s"
                 )
                 return
-            info = f"epoch {event['epoch'] + 1:.0f} loss {event['loss']:.2f} lr {event['lr']:.1e}"
+            info = (
+                f"epoch {event['epoch'] + 1:.0f} loss/token {event['loss']:.3f} "
+                f"lr {event['lr']:.1e}"
+            )
             bar.update(task, completed=event["step"], total=event["steps"], info=info)
             if event["step"] % 50 == 0:  # a lasting record, also when stderr is a log file
                 bar.console.print(

@@ -3,7 +3,9 @@
 - Features: every manifest's fbank frames are computed once into one float16 array per
   manifest (`FeatureStore`), next to the checkpoint; an epoch then only reads memory.
 - Batches: utterances sorted by length and cut into batches of at most `max_frames` padded
-  fbank frames, shuffled per epoch and dealt round-robin to the ranks.
+  fbank frames, shuffled per epoch and dealt round-robin to the ranks; the first
+  `curriculum_epochs` run them short to long, with full context and no SpecAugment, which gets
+  CTC off its all-blank plateau much sooner.
 - Dynamic chunk training (WeNet's U2): per batch, full context with probability
   `full_context_prob`, else a chunk of 1..`max_chunk` encoder frames and a random number of
   left chunks (or all), so one model serves every latency.
@@ -53,6 +55,10 @@ class TrainConfig:
     freq_mask_bins: int = 10
     time_masks: int = 2
     time_mask_frames: int = 50
+    # Curriculum (SortaGrad, Amodei et al. 2016): the first epochs go from short utterances to
+    # long, with full context and no SpecAugment. Measured here: without it CTC sat on its
+    # all-blank plateau (loss 2.8 per token) for 700+ steps on the synthetic corpus.
+    curriculum_epochs: int = 1
     eval_chunk: int = 16  # 640 ms
     eval_left_chunks: int = 4
     eval_utterances: int = 300
@@ -279,8 +285,8 @@ def train_asr(
 ) -> Path:
     """Train (or resume) into out_dir; returns the final model file (out_dir/model.safetensors).
 
-    `progress` gets a dict per step (epoch, step, steps, loss, lr) and per epoch (epoch,
-    dev_wer) on rank 0.
+    `progress` gets a dict per step (epoch, step, steps, loss per target token, lr) and per
+    epoch (epoch, dev_wer) on rank 0.
     """
     rank, world = distributed_context()
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -330,14 +336,18 @@ def train_asr(
     per_rank = len(batches) // world  # equal counts: DDP needs every rank at every step
     total_steps = per_rank * config.epochs
     while epoch < config.epochs:
+        warming = epoch < config.curriculum_epochs
         rng = random.Random(config.seed * 1009 + epoch)  # the same shuffle on every rank
-        order = rng.sample(batches, len(batches))[: per_rank * world][rank::world]
+        order = batches if warming else rng.sample(batches, len(batches))
+        order = order[: per_rank * world][rank::world]
         augment_rng = random.Random(config.seed * 7919 + epoch * 31 + rank)
         model.train()
         done_in_epoch = step - epoch * per_rank
         for indices in order[done_in_epoch:]:
-            batch = make_batch(train_store, indices, cmvn, vocabulary, config, augment_rng)
-            chunk, left = _draw_chunking(config, random.Random(config.seed * 104_729 + step))
+            augment = None if warming else config
+            batch = make_batch(train_store, indices, cmvn, vocabulary, augment, augment_rng)
+            chunk_rng = random.Random(config.seed * 104_729 + step)
+            chunk, left = (0, -1) if warming else _draw_chunking(config, chunk_rng)
             for group in optimizer.param_groups:
                 group["lr"] = _lr_at(step, total_steps, config)
             loss = ctc_loss(trainer, batch, chunk, left)
@@ -347,12 +357,13 @@ def train_asr(
             optimizer.step()
             step += 1
             if progress is not None and rank == 0:
+                per_token = loss.item() * len(indices) / int(batch.target_lengths.sum())
                 progress(
                     {
                         "epoch": epoch,
                         "step": step,
                         "steps": total_steps,
-                        "loss": loss.item(),
+                        "loss": per_token,
                         "lr": optimizer.param_groups[0]["lr"],
                     }
                 )

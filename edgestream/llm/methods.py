@@ -10,6 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from edgestream.llm.baselines import generate_pld
 from edgestream.llm.engine import (
     GenerationResult,
     Sampling,
@@ -21,7 +22,7 @@ from edgestream.llm.loading import LanguageModel
 from edgestream.llm.msa import DraftHead, SpeculativeStreams, load_streams
 from edgestream.llm.tree import TreeShape
 
-METHODS = ("ar", "ss")
+METHODS = ("ar", "ss", "pld")
 WEIGHTS_DIR = Path(__file__).parent / "weights"
 BUNDLED_STREAMS = {"smollm2": WEIGHTS_DIR / "smollm2-ss-lossless.safetensors"}
 
@@ -33,6 +34,8 @@ class MethodOptions:
     sampling: Sampling = field(default_factory=Sampling)
     streams_path: Path | None = None  # default: the bundled streams of the model, if any
     tree: TreeShape = field(default_factory=TreeShape)
+    pld_tokens: int = 10  # prompt lookup: longest draft
+    pld_ngram: int = 3  # prompt lookup: longest n-gram matched
 
 
 def resolve_streams(lm: LanguageModel, path: Path | None) -> tuple[SpeculativeStreams, dict]:
@@ -59,8 +62,12 @@ def make_decoder(
         return lambda ids, n, cb: generate_ar(lm.model, ids, n, stop, options.sampling, cb)
     if not options.sampling.greedy:
         raise ValueError(
-            "--method ss decodes greedily for now: sampling (temperature > 0) needs "
-            "speculative sampling over the tree, not yet implemented; use --method ar"
+            f"--method {method} decodes greedily for now: sampling (temperature > 0) needs "
+            "speculative sampling, not yet implemented; use --method ar"
+        )
+    if method == "pld":
+        return lambda ids, n, cb: generate_pld(
+            lm.model, ids, n, stop, options.pld_tokens, options.pld_ngram, cb
         )
     streams, _ = resolve_streams(lm, options.streams_path)
     head = DraftHead(lm.model, streams)
