@@ -49,7 +49,9 @@ class CharVocabulary:
         return len(self.characters) + 1
 
     def encode(self, text: str) -> list[int]:
-        """>>> CharVocabulary().encode("ab c")
+        """Text -> ids; refuses characters outside the vocabulary.
+
+        >>> CharVocabulary().encode("ab c")
         [1, 2, 28, 3]
         """
         unknown = sorted({c for c in text if c not in self._ids})
@@ -147,7 +149,9 @@ class GreedyDecoder:
 
 
 def ctc_greedy(log_probs: np.ndarray) -> list[int]:
-    """>>> ctc_greedy(np.log(np.array([[.1, .9, 0], [.1, .9, 0], [.9, .1, 0], [.1, .9, 0]]) + 1e-9))
+    """Greedy decoding of a whole utterance.
+
+    >>> ctc_greedy(np.log(np.array([[.1, .9, 0], [.1, .9, 0], [.9, .1, 0], [.1, .9, 0]]) + 1e-9))
     [1, 1]
     """
     decoder = GreedyDecoder()
