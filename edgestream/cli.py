@@ -37,11 +37,9 @@ app.add_typer(numerics_app, name="numerics")
 
 stderr = Console(stderr=True, highlight=False)
 
-METHODS = (
-    "ar",
-    "ss",
-    "pld",
-)  # = edgestream.llm.methods.METHODS, kept here so --help needs no torch
+# = edgestream.llm.methods.METHODS (+ bench.spec.REFERENCE_METHODS), here so --help needs no torch
+METHODS = ("ar", "ss", "pld")
+BENCH_METHODS = (*METHODS, "hf-pld")
 
 
 def user_errors(command: Callable[P, R]) -> Callable[P, R]:
@@ -261,10 +259,10 @@ def bench_generate_command(
 
 def _split_methods(methods: str) -> list[str]:
     names = [m.strip() for m in methods.split(",") if m.strip()]
-    unknown = [m for m in names if m not in METHODS]
+    unknown = [m for m in names if m not in BENCH_METHODS]
     if unknown or not names:
         raise ValueError(
-            f"unknown method(s) {unknown or methods!r}: expected from {', '.join(METHODS)}"
+            f"unknown method(s) {unknown or methods!r}: expected from {', '.join(BENCH_METHODS)}"
         )
     return names if "ar" in names else ["ar", *names]
 
@@ -295,7 +293,12 @@ def bench_spec_command(
     from rich.progress import Progress
     from rich.table import Table
 
-    from edgestream.bench.spec import bench_spec, read_spec_prompts, task_suite
+    from edgestream.bench.spec import (
+        bench_spec,
+        hf_prompt_lookup_decoder,
+        read_spec_prompts,
+        task_suite,
+    )
     from edgestream.llm.loading import load_language_model, parse_dtype
     from edgestream.llm.methods import MethodOptions, make_decoder
 
@@ -314,7 +317,12 @@ def bench_spec_command(
     if pld_tokens < 1:
         raise ValueError(f"--pld-tokens must be at least 1, got {pld_tokens}")
     options = MethodOptions(streams_path=streams, pld_tokens=pld_tokens)
-    decoders = {name: make_decoder(name, lm, options) for name in names}
+    decoders = {
+        name: hf_prompt_lookup_decoder(lm, pld_tokens)
+        if name == "hf-pld"
+        else make_decoder(name, lm, options)
+        for name in names
+    }
     with Progress(console=stderr, transient=True) as bar:
         task = bar.add_task("decoding", total=len(questions))
         report = bench_spec(

@@ -113,7 +113,10 @@ def test_bench_refuses_bad_options(args: list[str]) -> None:
 
 def test_cli_method_list_is_the_engines() -> None:
     """The CLI names methods without importing torch (fast --help); it must not drift."""
+    from edgestream.bench.spec import REFERENCE_METHODS
+    from edgestream.cli import BENCH_METHODS
     from edgestream.cli import METHODS as CLI_METHODS
     from edgestream.llm.methods import METHODS as ENGINE_METHODS
 
     assert CLI_METHODS == ENGINE_METHODS
+    assert (*ENGINE_METHODS, *REFERENCE_METHODS) == BENCH_METHODS

@@ -10,15 +10,20 @@ fraction of prompts whose new token ids equal AR's (the lossless check).
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import torch
+
 from edgestream.bench.environment import machine_facts
-from edgestream.llm.engine import GenerationResult
-from edgestream.llm.loading import LanguageModel
+from edgestream.llm.engine import GenerationResult, check_request
+from edgestream.llm.loading import LanguageModel, load_hf
 from edgestream.llm.methods import Decoder
 from edgestream.llm.tasks import CATEGORIES, task_prompts
+
+REFERENCE_METHODS = ("hf-pld",)  # run outside our engine, as references
 
 
 @dataclass(frozen=True)
@@ -167,3 +172,42 @@ def bench_spec(
         },
         "divergent": divergent,
     }
+
+
+def hf_prompt_lookup_decoder(lm: LanguageModel, num_tokens: int) -> Decoder:
+    """transformers' own prompt lookup decoding (`generate(prompt_lookup_num_tokens=...)`,
+    greedy) on a transformers copy of the same model, as an outside reference implementation.
+
+    Forward passes are counted with a hook on the model, so `mean_accepted` compares."""
+    hf_model, _ = load_hf(lm.name, lm.model.dtype)
+    calls = [0]
+
+    def count(*_: object) -> None:
+        calls[0] += 1
+
+    hf_model.register_forward_hook(count)
+    stop = sorted(lm.stop_ids)
+
+    def decode(ids: list[int], max_new_tokens: int, _on_token: object) -> GenerationResult:
+        budget = check_request(ids, max_new_tokens, lm.context_length)
+        inputs = torch.tensor([ids])
+        calls[0] = 0
+        start = time.perf_counter()
+        with torch.inference_mode():
+            out = hf_model.generate(
+                inputs,
+                attention_mask=torch.ones_like(inputs),
+                max_new_tokens=budget,
+                do_sample=False,
+                prompt_lookup_num_tokens=num_tokens,
+                eos_token_id=stop,
+                pad_token_id=stop[0],
+            )
+        seconds = time.perf_counter() - start
+        new = out[0, len(ids) :].tolist()
+        ended = next((i for i, t in enumerate(new) if t in lm.stop_ids), None)
+        new = new if ended is None else new[: ended + 1]
+        reason = "stop" if ended is not None else "length"
+        return GenerationResult(new, calls[0], seconds, reason)
+
+    return decode

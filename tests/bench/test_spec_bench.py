@@ -9,7 +9,7 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from edgestream.bench.spec import bench_spec, read_spec_prompts
+from edgestream.bench.spec import bench_spec, hf_prompt_lookup_decoder, read_spec_prompts
 from edgestream.cli import app
 from edgestream.llm.loading import load_language_model
 from edgestream.llm.methods import MethodOptions, make_decoder
@@ -56,6 +56,23 @@ def test_ss_matches_ar_and_every_statistic_is_reported(
     ar = report["methods"]["ar"]["overall"]
     assert ar["speedup"] == 1.0 and ar["mean_accepted"] == 1.0
     assert ss["overall"]["new_tokens"] == ar["new_tokens"]
+
+
+def test_prompt_lookup_ours_and_transformers_match_ar(
+    tiny_model_dir: Path, setup: tuple[Path, Path]
+) -> None:
+    prompts, _ = setup
+    lm = load_language_model(str(tiny_model_dir))
+    decoders = {
+        "ar": make_decoder("ar", lm),
+        "pld": make_decoder("pld", lm, MethodOptions(pld_tokens=4)),
+        "hf-pld": hf_prompt_lookup_decoder(lm, 4),
+    }
+    report = bench_spec(lm, decoders, read_spec_prompts(prompts), 24, threads=1)
+    for name in ("pld", "hf-pld"):
+        overall = report["methods"][name]["overall"]
+        assert overall["exact_match_vs_ar"] == 1.0, report["divergent"]
+        assert overall["mean_accepted"] >= 1.0
 
 
 def test_cli_writes_the_json_it_promises(
