@@ -22,6 +22,7 @@ $(STAMP): pyproject.toml requirements.lock
 
 demo: install
 	$(BIN)/edgestream generate "In three sentences, why do leaves change colour in autumn?" --method ss --compare
+	$(BIN)/edgestream transcribe edgestream/asr/samples/why-is-the-sky-blue.wav --json
 
 test: install
 	$(BIN)/ruff check .

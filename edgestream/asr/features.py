@@ -27,7 +27,7 @@ import kaldi_native_fbank as knf
 import numpy as np
 import soundfile as sf
 
-from edgestream.asr.synth import read_manifest
+from edgestream.asr.manifest import read_manifest
 
 SAMPLE_RATE = 16_000
 NUM_MEL_BINS = 80

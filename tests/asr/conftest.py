@@ -11,8 +11,9 @@ from edgestream.asr.conformer import ConformerConfig, ConformerCTC
 from edgestream.asr.decode import CharVocabulary
 from edgestream.asr.features import GlobalCmvn
 from edgestream.asr.model_io import save_model
-from edgestream.asr.synth import SynthConfig, espeak_available, synthesize_corpus
+from edgestream.asr.synth import SynthConfig, synthesize_corpus
 from edgestream.asr.text import SentenceSplits
+from edgestream.asr.voices import espeak_available
 
 needs_espeak = pytest.mark.skipif(
     not espeak_available(), reason="eSpeak NG missing: pip install espeakng-loader"

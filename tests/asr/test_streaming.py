@@ -8,9 +8,9 @@ import torch
 
 from edgestream.asr.decode import ctc_greedy
 from edgestream.asr.features import compute_fbank, load_audio
+from edgestream.asr.manifest import read_manifest
 from edgestream.asr.model_io import load_model
 from edgestream.asr.streaming import Recognizer, StreamingOptions
-from edgestream.asr.synth import read_manifest
 
 
 def _offline_text(asr, samples: np.ndarray, options: StreamingOptions) -> str:

@@ -12,25 +12,18 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from edgestream.asr.synth import (
-    GROUPS,
-    SAMPLE_RATE,
-    Augment,
+from edgestream.asr.augment import Augment, augment_speech, colored_noise, room_impulse_response
+from edgestream.asr.manifest import read_manifest
+from edgestream.asr.synth import GROUPS, SAMPLE_RATE, SynthConfig, plan_corpus, synthesize_corpus
+from edgestream.asr.text import SentenceSplits
+from edgestream.asr.voices import (
     Espeak,
     EspeakVoice,
     Piper,
     PiperStyle,
-    SynthConfig,
-    augment_speech,
-    colored_noise,
     espeak_available,
     piper_available,
-    plan_corpus,
-    read_manifest,
-    room_impulse_response,
-    synthesize_corpus,
 )
-from edgestream.asr.text import SentenceSplits
 
 needs_espeak = pytest.mark.skipif(
     not espeak_available(), reason="eSpeak NG missing: pip install espeakng-loader"
@@ -110,7 +103,8 @@ def test_espeak_voices_sound_the_same_in_every_process() -> None:
     # `breath`); the configured voices must not be among them. Two fresh processes, same text.
     script = (
         "import hashlib, sys\n"
-        "from edgestream.asr.synth import Espeak, EspeakVoice, SynthConfig\n"
+        "from edgestream.asr.synth import SynthConfig\n"
+        "from edgestream.asr.voices import Espeak, EspeakVoice\n"
         "c, e = SynthConfig(), Espeak()\n"
         "for v in c.seen_variants + c.unseen_variants:\n"
         "    a = e.synthesize('turn left at the bridge', EspeakVoice('en-us+' + v, 175, 50, 50))\n"

@@ -10,9 +10,9 @@ import pytest
 import soundfile as sf
 from typer.testing import CliRunner
 
+from edgestream.asr.manifest import read_manifest
 from edgestream.asr.model_io import load_model
 from edgestream.asr.streaming import StreamingOptions
-from edgestream.asr.synth import read_manifest
 from edgestream.asr.transcribe import transcribe_file, transcribe_samples
 from edgestream.cli import app
 
