@@ -516,6 +516,9 @@ def train_asr_command(
         Path | None, typer.Option(help="JSON with 'model' and/or 'train' settings to override.")
     ] = None,
     export: Annotated[Path | None, typer.Option(help="Also copy the final model here.")] = None,
+    init: Annotated[
+        str | None, typer.Option(help="Start from this model ('default' or a file).")
+    ] = None,
 ) -> None:
     """Train the streaming Conformer-CTC (also under torchrun --nproc_per_node=N)."""
     import shutil
@@ -524,6 +527,7 @@ def train_asr_command(
     from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
     from edgestream.asr.conformer import ConformerConfig
+    from edgestream.asr.model_io import resolve_model_path
     from edgestream.asr.train import TrainConfig, distributed_context, train_asr
 
     for path in (manifest, dev):
@@ -567,7 +571,15 @@ def train_asr_command(
                     f"{time.time() - started:.0f} s"
                 )
 
-        final = train_asr(manifest, dev, out, model_config, train_config, report)
+        final = train_asr(
+            manifest,
+            dev,
+            out,
+            model_config,
+            train_config,
+            report,
+            init=None if init is None else resolve_model_path(init),
+        )
     if rank == 0:
         if export is not None:
             shutil.copyfile(final, export)

@@ -38,7 +38,7 @@ from edgestream.asr.conformer import ConformerConfig, ConformerCTC
 from edgestream.asr.decode import Vocabulary, ctc_greedy, make_vocabulary, vocabulary_from_metadata
 from edgestream.asr.features import NUM_MEL_BINS, GlobalCmvn, compute_fbank, load_audio
 from edgestream.asr.manifest import read_manifest
-from edgestream.asr.model_io import save_model
+from edgestream.asr.model_io import load_model, save_model
 
 
 @dataclass(frozen=True)
@@ -282,12 +282,22 @@ def train_asr(
     model_config: ConformerConfig = ConformerConfig(),
     config: TrainConfig = TrainConfig(),
     progress: ProgressFn | None = None,
+    init: Path | None = None,
 ) -> Path:
     """Train (or resume) into out_dir; returns the final model file (out_dir/model.safetensors).
 
-    `progress` gets a dict per step (epoch, step, steps, loss per target token, lr) and per
-    epoch (epoch, dev_wer) on rank 0.
+    `init`: a model file to start from (its weights, CMVN, vocabulary and shape), to continue
+    training a released model or fine-tune it on new data; ignored once out_dir holds a
+    checkpoint. `progress` gets a dict per step (epoch, step, steps, loss per target token,
+    lr) and per epoch (epoch, dev_wer) on rank 0.
     """
+    start = load_model(init) if init is not None else None
+    if start is not None:  # its shape and vocabulary win over the settings given
+        model_config = start.model.config
+        kind = start.vocabulary.to_metadata()["vocabulary"]
+        config = replace(
+            config, vocabulary="char" if kind == "char" else f"bpe-{len(start.vocabulary) - 1}"
+        )
     rank, world = distributed_context()
     out_dir.mkdir(parents=True, exist_ok=True)
     cache = out_dir / "features"
@@ -304,6 +314,8 @@ def train_asr(
             FeatureStore(dev_manifest, cache),
         )
     cmvn_path = out_dir / "cmvn.json"
+    if rank == 0 and not cmvn_path.exists() and start is not None:
+        start.cmvn.save(cmvn_path)
     if rank == 0 and not cmvn_path.exists():
         sample = range(0, len(train_store), max(1, len(train_store) // 2000))
         GlobalCmvn.from_features(train_store.features(i).astype(np.float32) for i in sample).save(
@@ -312,6 +324,8 @@ def train_asr(
     if world > 1:
         dist.barrier()
     cmvn = GlobalCmvn.load(cmvn_path)
+    if rank == 0 and start is not None and not (out_dir / "vocabulary.json").exists():
+        (out_dir / "vocabulary.json").write_text(json.dumps(start.vocabulary.to_metadata()))
     vocabulary = _shared_vocabulary(config.vocabulary, train_store.texts, out_dir, rank, world)
     model_config = replace(model_config, vocab_size=len(vocabulary))
 
@@ -331,6 +345,8 @@ def train_asr(
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
         epoch, step, history = state["epoch"], state["step"], state["history"]
+    elif start is not None:
+        model.load_state_dict(start.model.state_dict())
     trainer: nn.Module = nn.parallel.DistributedDataParallel(model) if world > 1 else model
     batches = length_batches(train_store.lengths, config.max_frames)
     per_rank = len(batches) // world  # equal counts: DDP needs every rank at every step

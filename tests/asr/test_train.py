@@ -84,6 +84,35 @@ def test_a_bpe_vocabulary_trains_and_travels_in_the_model_file(
     assert asr.vocabulary.decode(asr.vocabulary.encode("the cat sat")) == "the cat sat"
 
 
+def test_training_can_start_from_a_released_model(tiny_corpus: Path, tmp_path: Path) -> None:
+    first = train_asr(
+        tiny_corpus / "train.jsonl", tiny_corpus / "dev.jsonl", tmp_path / "a", TINY, FAST
+    )
+    losses: list[float] = []
+    train_asr(
+        tiny_corpus / "train.jsonl",
+        tiny_corpus / "dev.jsonl",
+        tmp_path / "b",
+        replace(TINY, num_layers=5),  # ignored: the released model's shape wins
+        replace(FAST, epochs=1, curriculum_epochs=0, lr=1e-4),
+        lambda event: losses.append(event["loss"]) if "loss" in event else None,
+        init=first,
+    )
+    continued = load_model(tmp_path / "b" / "model.safetensors")
+    assert continued.model.config == TINY
+    assert (continued.cmvn.mean == load_model(first).cmvn.mean).all()
+    fresh: list[float] = []
+    train_asr(
+        tiny_corpus / "train.jsonl",
+        tiny_corpus / "dev.jsonl",
+        tmp_path / "c",
+        TINY,
+        replace(FAST, epochs=1, curriculum_epochs=0, lr=1e-4),
+        lambda event: fresh.append(event["loss"]) if "loss" in event else None,
+    )
+    assert losses[0] < fresh[0]  # it starts where the released model left off
+
+
 def test_cli_trains_under_torchrun_with_two_processes(tiny_corpus: Path, tmp_path: Path) -> None:
     config = tmp_path / "config.json"
     model = {k: v for k, v in TINY.to_dict().items()}
