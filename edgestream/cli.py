@@ -399,7 +399,8 @@ def train_streams_command(
     from edgestream.llm.loading import load_language_model
     from edgestream.llm.msa import StreamConfig, save_streams
     from edgestream.llm.tasks import TaskPrompt, task_mix
-    from edgestream.llm.train import TrainConfig, distributed_context, train_streams
+    from edgestream.llm.train import TrainConfig, train_streams
+    from edgestream.training import distributed_context
 
     if mode != "lossless":
         raise ValueError(f"unknown mode {mode!r}: only 'lossless' is implemented so far")
@@ -528,7 +529,8 @@ def train_asr_command(
 
     from edgestream.asr.conformer import ConformerConfig
     from edgestream.asr.model_io import resolve_model_path
-    from edgestream.asr.train import TrainConfig, distributed_context, train_asr
+    from edgestream.asr.train import TrainConfig, train_asr
+    from edgestream.training import distributed_context
 
     for path in (manifest, dev):
         if not path.is_file():

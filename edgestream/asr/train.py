@@ -39,6 +39,7 @@ from edgestream.asr.decode import Vocabulary, ctc_greedy, make_vocabulary, vocab
 from edgestream.asr.features import NUM_MEL_BINS, GlobalCmvn, compute_fbank, load_audio
 from edgestream.asr.manifest import read_manifest
 from edgestream.asr.model_io import load_model, save_model
+from edgestream.training import distributed_context, save_atomic
 
 
 @dataclass(frozen=True)
@@ -258,20 +259,6 @@ def _shared_vocabulary(
     return vocabulary_from_metadata(metadata)
 
 
-def _save_atomic(obj: object, path: Path) -> None:
-    temporary = path.with_name(f".{path.name}.tmp")
-    torch.save(obj, temporary)
-    os.replace(temporary, path)
-
-
-def distributed_context() -> tuple[int, int]:
-    """(rank, world size); joins the gloo process group when launched by torchrun."""
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    if world > 1 and not dist.is_initialized():
-        dist.init_process_group("gloo")
-    return (dist.get_rank(), world) if world > 1 else (0, 1)
-
-
 ProgressFn = Callable[[dict[str, float]], None]
 
 
@@ -397,7 +384,7 @@ def train_asr(
             history.append({"epoch": epoch, "step": step, "dev_wer": wer})
             if progress is not None:
                 progress({"epoch": epoch, "dev_wer": wer})
-            _save_atomic(
+            save_atomic(
                 {
                     "model": model.state_dict(),
                     "optimizer": optimizer.state_dict(),

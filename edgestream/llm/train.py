@@ -13,14 +13,12 @@ a run resumes from the last one.
 from __future__ import annotations
 
 import math
-import os
 import random
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor, nn
 
@@ -32,6 +30,7 @@ from edgestream.llm.msa import (
     stream_inputs,
     stream_layer,
 )
+from edgestream.training import distributed_context, save_atomic
 
 IGNORE = -100  # cross-entropy target for positions without a label
 
@@ -205,20 +204,6 @@ def _lr_at(step: int, config: TrainConfig) -> float:
     return config.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress))))
 
 
-def _save_atomic(obj: object, path: Path) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    torch.save(obj, tmp)
-    os.replace(tmp, path)
-
-
-def distributed_context() -> tuple[int, int]:
-    """(rank, world size); joins the gloo process group when launched by torchrun."""
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    if world > 1 and not dist.is_initialized():
-        dist.init_process_group("gloo")
-    return (dist.get_rank(), world) if world > 1 else (0, 1)
-
-
 ProgressFn = Callable[[int, float, list[float]], None]
 
 
@@ -280,7 +265,7 @@ def train_streams(
         if progress is not None and rank == 0:
             progress(step, loss.item(), (hits / labelled.clamp(min=1)).tolist())
         if rank == 0 and (step % config.checkpoint_every == 0 or step == config.steps):
-            _save_atomic(
+            save_atomic(
                 {
                     "streams": streams.state_dict(),
                     "optimizer": optimizer.state_dict(),

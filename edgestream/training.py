@@ -1,0 +1,25 @@
+"""What both training recipes (speculative streams, speech) share: process groups and atomic
+checkpoints. Neither engine imports the other, so this lives beside them."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+
+def distributed_context() -> tuple[int, int]:
+    """(rank, world size); joins the gloo process group when launched by torchrun."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world > 1 and not dist.is_initialized():
+        dist.init_process_group("gloo")
+    return (dist.get_rank(), world) if world > 1 else (0, 1)
+
+
+def save_atomic(obj: object, path: Path) -> None:
+    """torch.save to a temporary name, then rename: a crash never leaves half a checkpoint."""
+    temporary = path.with_name(f".{path.name}.tmp")
+    torch.save(obj, temporary)
+    os.replace(temporary, path)
