@@ -594,6 +594,14 @@ def _streaming_options(chunk_ms: int, left_chunks: int, beam: int) -> object:
     return StreamingOptions(chunk_ms=chunk_ms, left_chunks=left_chunks, beam=beam)
 
 
+def _show(table: object, report: object, json_path: Path | None) -> None:
+    """Print a benchmark's table; write its report as JSON too when asked."""
+    Console().print(table)
+    if json_path is not None:
+        json_path.write_text(json.dumps(report, indent=1) + "\n", "utf-8")
+        stderr.print(f"wrote {json_path}")
+
+
 @app.command()
 def transcribe(
     audio: Annotated[list[Path], typer.Argument(help="WAV, FLAC or OGG files, any rate.")],
@@ -695,10 +703,7 @@ def bench_asr_command(
                 f"{row['rtf']:.4f}",
                 f"{row['rtf_2threads']:.4f}" if "rtf_2threads" in row else "-",
             )
-    Console().print(table)
-    if json_path is not None:
-        json_path.write_text(json.dumps(report, indent=1) + "\n", "utf-8")
-        stderr.print(f"wrote {json_path}")
+    _show(table, report, json_path)
 
 
 @bench_app.command("subsampling")
@@ -730,10 +735,7 @@ def bench_subsampling_command(
             f"{row['subsampling_ms']:.2f} / {row['chunk_ms']:.2f}",
             f"{row['latency_share']:.1%}",
         )
-    Console().print(table)
-    if json_path is not None:
-        json_path.write_text(json.dumps(results, indent=1) + "\n", "utf-8")
-        stderr.print(f"wrote {json_path}")
+    _show(table, results, json_path)
 
 
 @numerics_app.command("report")

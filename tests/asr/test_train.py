@@ -113,33 +113,39 @@ def test_training_can_start_from_a_released_model(tiny_corpus: Path, tmp_path: P
     assert losses[0] < fresh[0]  # it starts where the released model left off
 
 
-def test_cli_trains_under_torchrun_with_two_processes(tiny_corpus: Path, tmp_path: Path) -> None:
-    config = tmp_path / "config.json"
-    model = {k: v for k, v in TINY.to_dict().items()}
-    config.write_text(
-        json.dumps({"model": model, "train": {"epochs": 1, "max_frames": 3000, "warmup_steps": 2}})
-    )
-    out, export = tmp_path / "run", tmp_path / "model.safetensors"
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    command = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nproc_per_node=2",
-        "-m",
-        "edgestream",
+def _train_command(manifest: Path, dev: Path, out: Path, *extra: str) -> list[str]:
+    return [
         "train",
         "asr",
         "--manifest",
-        str(tiny_corpus / "train.jsonl"),
+        str(manifest),
         "--dev",
-        str(tiny_corpus / "dev.jsonl"),
+        str(dev),
         "--out",
         str(out),
-        "--config",
-        str(config),
-        "--export",
-        str(export),
+        *extra,
+    ]
+
+
+def test_cli_trains_under_torchrun_with_two_processes(tiny_corpus: Path, tmp_path: Path) -> None:
+    config = tmp_path / "config.json"
+    train = {"epochs": 1, "max_frames": 3000, "warmup_steps": 2}
+    config.write_text(json.dumps({"model": TINY.to_dict(), "train": train}))
+    out, export = tmp_path / "run", tmp_path / "model.safetensors"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "-m"]
+    command = [
+        *launcher,
+        "edgestream",
+        *_train_command(
+            tiny_corpus / "train.jsonl",
+            tiny_corpus / "dev.jsonl",
+            out,
+            "--config",
+            str(config),
+            "--export",
+            str(export),
+        ),
     ]
     proc = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -153,35 +159,12 @@ def test_cli_refuses_bad_training_input(tiny_corpus: Path, tmp_path: Path) -> No
     from edgestream.cli import app
 
     runner = CliRunner()
-    missing = runner.invoke(
-        app,
-        [
-            "train",
-            "asr",
-            "--manifest",
-            str(tmp_path / "no.jsonl"),
-            "--dev",
-            str(tiny_corpus / "dev.jsonl"),
-            "--out",
-            str(tmp_path),
-        ],
-    )
+    dev = tiny_corpus / "dev.jsonl"
+    missing = runner.invoke(app, _train_command(tmp_path / "no.jsonl", dev, tmp_path))
     assert missing.exit_code == 2 and "manifest" in missing.output
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps({"optimizer": {}}))
     unknown = runner.invoke(
-        app,
-        [
-            "train",
-            "asr",
-            "--manifest",
-            str(tiny_corpus / "train.jsonl"),
-            "--dev",
-            str(tiny_corpus / "dev.jsonl"),
-            "--out",
-            str(tmp_path),
-            "--config",
-            str(bad),
-        ],
+        app, _train_command(tiny_corpus / "train.jsonl", dev, tmp_path, "--config", str(bad))
     )
     assert unknown.exit_code == 2 and "unknown sections" in unknown.output
