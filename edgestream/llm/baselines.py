@@ -15,7 +15,7 @@ from collections.abc import Collection
 
 import torch
 
-from edgestream.llm.engine import GenerationResult, TokenCallback, check_request
+from edgestream.llm.engine import Emitter, GenerationResult, TokenCallback, check_request
 from edgestream.llm.model import Transformer
 
 
@@ -52,41 +52,25 @@ def generate_pld(
     if num_draft < 1 or max_ngram < 1:
         raise ValueError(f"expected num_draft, max_ngram >= 1, got {num_draft}, {max_ngram}")
     budget = check_request(prompt_ids, max_new_tokens, model.config.max_position)
+    out = Emitter(budget, stop_ids, on_token)
     start = time.perf_counter()
     cache = model.new_cache(len(prompt_ids) + budget + num_draft)
     logits = model(torch.tensor([prompt_ids]), cache, last_only=True)
-    passes, new_ids = 1, []
-    token = int(logits[0, -1].argmax())
-    while True:
-        new_ids.append(token)
-        if on_token is not None:
-            on_token(token)
-        if token in stop_ids or len(new_ids) == budget:
-            break
-        # A draft longer than the budget left could only be cut off after verification.
-        room = budget - len(new_ids) - 1
-        draft = prompt_lookup_draft(prompt_ids + new_ids, max_ngram, num_draft)[:room]
+    passes = 1
+    out.emit([int(logits[0, -1].argmax())])
+    while not out.done:
+        # The last emitted token is not in the cache yet: it leads the chain. A draft longer
+        # than the budget left could only be cut off after verification.
+        draft = prompt_lookup_draft(prompt_ids + out.ids, max_ngram, num_draft)
+        draft = draft[: out.remaining - 1]
         prefix = cache.length
-        logits = model(torch.tensor([[token, *draft]]), cache)
+        logits = model(torch.tensor([[out.ids[-1], *draft]]), cache)
         passes += 1
         greedy = logits[0].argmax(-1).tolist()  # host sync, once per pass
         accepted = 0
         while accepted < len(draft) and draft[accepted] == greedy[accepted]:
             accepted += 1
-        cache.rollback(prefix + 1 + accepted)  # the token and the accepted drafts stay
-        for drafted in draft[:accepted]:
-            new_ids.append(drafted)
-            if on_token is not None:
-                on_token(drafted)
-            if drafted in stop_ids or len(new_ids) == budget:
-                break
-        else:
-            token = greedy[accepted]
-            continue
-        break
+        cache.rollback(prefix + 1 + accepted)  # the leading token and the accepted drafts stay
+        out.emit([*draft[:accepted], greedy[accepted]])
     seconds = time.perf_counter() - start
-    if new_ids[-1] in stop_ids:
-        reason = "stop"
-    else:
-        reason = "length" if budget == max_new_tokens else "context"
-    return GenerationResult(new_ids, passes, seconds, reason)
+    return GenerationResult(out.ids, passes, seconds, out.finish_reason(max_new_tokens))

@@ -143,7 +143,7 @@ def generate_ar(
     return GenerationResult(new_ids, passes, seconds, reason)
 
 
-class _Emitter:
+class Emitter:
     """Collects emitted tokens and decides when to stop (a stop token or the budget)."""
 
     def __init__(self, budget: int, stop_ids: Collection[int], on_token: TokenCallback | None):
@@ -198,7 +198,7 @@ def generate_ss(
         raise ValueError(f"unknown placement {placement!r}: expected {STREAM_PLACEMENTS}")
     in_pass = placement == "all"
     budget = check_request(prompt_ids, max_new_tokens, model.config.max_position)
-    out = _Emitter(budget, stop_ids, on_token)
+    out = Emitter(budget, stop_ids, on_token)
     k = max(shape.top_k)
     start = time.perf_counter()
     head = head or DraftHead(model, streams)
