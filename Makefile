@@ -6,7 +6,7 @@ PIP := $(BIN)/python -m pip --disable-pip-version-check --quiet
 # The stamp is keyed on the dependency files: change either and `make install` runs again.
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml requirements.lock | sha256sum | cut -c1-16)
 
-.PHONY: install demo test bench
+.PHONY: install demo test bench browser
 
 install: $(STAMP)
 
@@ -23,10 +23,22 @@ $(STAMP): pyproject.toml requirements.lock
 demo: install
 	$(BIN)/edgestream generate "In three sentences, why do leaves change colour in autumn?" --method ss --compare
 	$(BIN)/edgestream transcribe edgestream/asr/samples/why-is-the-sky-blue.wav --json
+	$(BIN)/edgestream assist edgestream/asr/samples/why-is-the-sky-blue.wav
 
-test: install
+test: install browser
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest
 
 bench: install
 	$(BIN)/edgestream bench generate --json docs/bench-generate.json
+
+# Debian's Chromium and ChromeDriver for the browser test, where this machine lets us install
+# them (root and a reachable Debian mirror); otherwise that one test is skipped and says why.
+browser:
+	@if command -v chromium >/dev/null && command -v chromedriver >/dev/null; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+		echo "installing chromium and chromium-driver for the browser test"; \
+		(apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q \
+			chromium chromium-driver) >/dev/null 2>&1 \
+		|| echo "note: could not install Chromium; the browser test will be skipped"; \
+	else echo "note: Chromium missing and not installable here; the browser test will be skipped"; fi

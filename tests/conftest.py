@@ -112,3 +112,65 @@ def smollm2_hf() -> tuple[object, object]:
     from edgestream.llm.loading import load_hf
 
     return load_hf("smollm2")
+
+
+# --- the voice assistant: the bundled recognizer with the tiny model, and spoken questions ---
+
+QUESTIONS = (
+    "what is the capital of france",
+    "how far away is the moon",
+    "why is the sky blue",
+    "tell me a story about a dog",
+    "what time does the train leave",
+    "how do i boil an egg",
+    "who wrote the first computer program",
+    "where do penguins live",
+)
+
+
+@pytest.fixture(scope="session")
+def tiny_streams(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Untrained (random) streams for the tiny model: their drafts are arbitrary, so Speculative
+    Streaming has to reject most of them and still reproduce ar's tokens exactly."""
+    from edgestream.llm.loading import load_language_model
+    from edgestream.llm.msa import SpeculativeStreams, StreamConfig, save_streams
+
+    lm = load_language_model(str(tiny_model_dir))
+    torch.manual_seed(0)
+    streams = SpeculativeStreams(
+        lm.model.config, StreamConfig(n_streams=3, n_stream_layers=2, draft_vocab_size=200)
+    )
+    with torch.no_grad():
+        for p in streams.parameters():
+            p.normal_(0, 0.2)
+    path = tmp_path_factory.mktemp("streams") / "tiny-streams.safetensors"
+    save_streams(streams, path, {"note": "random weights, for tests"})
+    return path
+
+
+@pytest.fixture(scope="session")
+def assistant(tiny_model_dir: Path, tiny_streams: Path) -> object:
+    """The bundled speech model with the tiny language model and its random streams."""
+    from edgestream.assist.pipeline import Assistant, AssistantConfig
+
+    config = AssistantConfig(llm=str(tiny_model_dir), streams_path=tiny_streams, max_new_tokens=24)
+    return Assistant.load(config)
+
+
+@pytest.fixture(scope="session")
+def spoken_questions(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
+    """Eight different spoken questions (eSpeak voices, with the corpus' augmentation)."""
+    from edgestream.asr.synth import SynthConfig, synthesize_corpus
+    from edgestream.asr.text import SentenceSplits
+    from edgestream.asr.voices import espeak_available
+
+    if not espeak_available():
+        pytest.skip("eSpeak NG missing: pip install espeakng-loader")
+    out = tmp_path_factory.mktemp("questions")
+    splits = SentenceSplits(train=QUESTIONS, dev=("a dog ran home",), test=("one two three",))
+    config = SynthConfig(piper_fraction=0.0, block_size=8)
+    synthesize_corpus(out, hours=0.01, sentences=splits, config=config, workers=1)
+    clips = sorted((out / "train").rglob("*.wav"))
+    if len(clips) < 8:
+        pytest.fail(f"expected 8 synthesised questions, got {len(clips)}")
+    return clips[:8]

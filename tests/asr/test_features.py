@@ -18,6 +18,7 @@ from edgestream.asr.features import (
     GlobalCmvn,
     StreamingFbank,
     compute_fbank,
+    dither,
     num_frames,
 )
 
@@ -60,7 +61,8 @@ def test_frame_count_and_timing() -> None:
 def _reference_fbank(signal: np.ndarray) -> np.ndarray:
     """Kaldi's fbank written out in numpy (float64), independent of kaldi-native-fbank."""
     count = num_frames(len(signal))
-    frames = np.stack([signal[i * 160 : i * 160 + 400] for i in range(count)]) * 32768.0
+    scaled = signal * 32768.0 + dither(0, len(signal))
+    frames = np.stack([scaled[i * 160 : i * 160 + 400] for i in range(count)])
     frames = frames.astype(np.float64) - frames.mean(axis=1, keepdims=True)  # (T, 400)
     frames = np.concatenate(  # pre-emphasis; the first sample against itself
         [frames[:, :1] * (1 - 0.97), frames[:, 1:] - 0.97 * frames[:, :-1]], axis=1
@@ -130,3 +132,10 @@ def test_cmvn_from_manifest_matches_features(tmp_path: Path) -> None:
     expected = GlobalCmvn.from_features(compute_fbank(s) for s in signals)
     assert np.array_equal(from_manifest.mean, expected.mean)
     assert from_manifest.frames == num_frames(8000) + num_frames(12_345)
+
+
+def test_digital_silence_is_dithered_like_quiet_noise() -> None:
+    """Zeros must not hit the log floor (-15.9): the model never heard that in training."""
+    silence = compute_fbank(np.zeros(16_000, np.float32))
+    assert silence.min() > -10 and 0 < silence.mean() < 6
+    assert np.array_equal(silence, compute_fbank(np.zeros(16_000, np.float32)))  # deterministic

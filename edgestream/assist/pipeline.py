@@ -1,0 +1,145 @@
+"""Audio in, answer out: the one place where the speech and language engines meet.
+
+An `Assistant` holds one loaded recognizer model and one loaded language model and serves any
+number of callers: the CLI runs it once over a file, the server once per connection. Each audio
+stream gets its own `Recognizer` (caches are per stream, weights are shared). Answers are
+decoded one at a time behind a lock: two decodes on a 2-core CPU would only slow each other
+down and make their tokens/s meaningless.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from edgestream.asr.audio import SAMPLE_RATE
+from edgestream.asr.model_io import AsrModel, load_model
+from edgestream.asr.streaming import Recognizer, StreamingOptions
+from edgestream.asr.transcribe import Transcript, transcribe_file
+from edgestream.llm.engine import GenerationResult, TokenCallback
+from edgestream.llm.loading import LanguageModel, load_language_model
+from edgestream.llm.methods import Decoder, MethodOptions, make_decoder
+
+__all__ = ["ANSWER_METHODS", "SAMPLE_RATE", "Answer", "Assistant", "AssistantConfig"]
+
+ANSWER_METHODS = ("ar", "ss")  # what the assistant offers; prompt lookup has no prompt to copy
+
+
+@dataclass(frozen=True)
+class AssistantConfig:
+    asr_model: str = "default"  # a bundled name or a model file
+    llm: str = "smollm2"  # a model name or a local directory / GGUF file
+    dtype: str = "float32"
+    streams_path: Path | None = None  # stream weights for ss (default: the bundled ones)
+    streaming: StreamingOptions = field(default_factory=StreamingOptions)
+    max_new_tokens: int = 128
+
+    def __post_init__(self) -> None:
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be at least 1, got {self.max_new_tokens}")
+
+
+@dataclass(frozen=True)
+class Answer:
+    text: str
+    method: str
+    result: GenerationResult
+    baseline: GenerationResult | None = None  # the same answer decoded with ar, when compared
+
+    @property
+    def speedup(self) -> float | None:
+        if self.baseline is None or self.baseline.tokens_per_second == 0:
+            return None
+        return self.result.tokens_per_second / self.baseline.tokens_per_second
+
+    @property
+    def identical_to_ar(self) -> bool | None:
+        return None if self.baseline is None else self.baseline.token_ids == self.result.token_ids
+
+    def to_json(self) -> dict[str, object]:
+        record: dict[str, object] = {
+            "text": self.text,
+            "method": self.method,
+            "new_tokens": self.result.new_tokens,
+            "seconds": round(self.result.seconds, 4),
+            "tokens_per_second": round(self.result.tokens_per_second, 2),
+            "mean_accepted": round(self.result.mean_accepted, 3),
+            "finish_reason": self.result.finish_reason,
+        }
+        if self.baseline is not None:
+            record["ar_tokens_per_second"] = round(self.baseline.tokens_per_second, 2)
+            record["speedup"] = round(self.speedup or 0.0, 3)
+            record["identical_to_ar"] = self.identical_to_ar
+        return record
+
+
+class Assistant:
+    """A loaded recognizer and language model, shared by every stream and request."""
+
+    def __init__(self, asr: AsrModel, lm: LanguageModel, config: AssistantConfig) -> None:
+        self.asr, self.lm, self.config = asr, lm, config
+        self._decoders: dict[str, Decoder] = {}
+        self._decode_lock = threading.Lock()
+        self._methods: list[str] | None = None
+
+    @classmethod
+    def load(cls, config: AssistantConfig = AssistantConfig()) -> Assistant:
+        asr = load_model(config.asr_model)
+        return cls(asr, load_language_model(config.llm, config.dtype), config)
+
+    def recognizer(self) -> Recognizer:
+        """A fresh recognizer for one audio stream."""
+        return Recognizer(self.asr, self.config.streaming)
+
+    def transcribe(
+        self, path: str | Path, on_partial: Callable[[str], None] | None = None
+    ) -> Transcript:
+        return transcribe_file(self.asr, path, self.config.streaming, on_partial)
+
+    def methods(self) -> list[str]:
+        """The answer methods this model can run (ss needs stream weights for it)."""
+        if self._methods is None:
+            available = []
+            for method in ANSWER_METHODS:
+                try:
+                    self.decoder(method)
+                except (ValueError, FileNotFoundError):
+                    continue
+                available.append(method)
+            self._methods = available
+        return self._methods
+
+    def decoder(self, method: str) -> Decoder:
+        """The decoder for `method`, built (stream weights loaded) on first use."""
+        if method not in ANSWER_METHODS:
+            raise ValueError(
+                f"unknown method {method!r}: expected one of {', '.join(ANSWER_METHODS)}"
+            )
+        if method not in self._decoders:
+            options = MethodOptions(streams_path=self.config.streams_path)
+            self._decoders[method] = make_decoder(method, self.lm, options)
+        return self._decoders[method]
+
+    def answer(
+        self,
+        question: str,
+        method: str = "ss",
+        on_token: TokenCallback | None = None,
+        max_new_tokens: int | None = None,
+        compare: bool = False,
+    ) -> Answer:
+        """Answer `question` (a user turn in the chat template); `compare` also decodes with ar
+        to report the speedup and check the answer is token-identical."""
+        decode = self.decoder(method)
+        prompt_ids = self.lm.encode_prompt(question)
+        budget = max_new_tokens or self.config.max_new_tokens
+        if budget < 1:
+            raise ValueError(f"max_new_tokens must be at least 1, got {budget}")
+        with self._decode_lock:
+            result = decode(prompt_ids, budget, on_token)
+            baseline = None
+            if compare and method != "ar":
+                baseline = self.decoder("ar")(prompt_ids, budget, None)
+        return Answer(self.lm.decode(result.token_ids), method, result, baseline)

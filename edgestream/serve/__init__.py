@@ -1,0 +1,1 @@
+"""The assistant served over HTTP and WebSockets, with its web page."""

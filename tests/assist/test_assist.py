@@ -1,0 +1,108 @@
+"""The assistant: spoken question -> streaming transcript -> answer, in Python and on the CLI."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import soundfile as sf
+from typer.testing import CliRunner
+
+from edgestream.asr.transcribe import transcribe_file
+from edgestream.assist.pipeline import Assistant, AssistantConfig
+from edgestream.cli import app
+from tests.conftest import needs_smollm2
+
+runner = CliRunner()
+SAMPLE = Path(__file__).parents[2] / "edgestream/asr/samples/why-is-the-sky-blue.wav"
+
+
+def test_ss_answers_are_token_identical_to_ar(assistant: Assistant) -> None:
+    for question in ("why is the sky blue", "tell me about a dog", "where do penguins live"):
+        answer = assistant.answer(question, "ss", compare=True)
+        assert answer.identical_to_ar is True, question
+        assert answer.baseline is not None and answer.result.token_ids == answer.baseline.token_ids
+        assert answer.speedup is not None and answer.speedup > 0
+        assert answer.text == assistant.lm.decode(answer.result.token_ids)
+
+
+def test_tokens_reach_the_callback_as_they_are_decoded(assistant: Assistant) -> None:
+    seen: list[int] = []
+    answer = assistant.answer("how do i boil an egg", "ss", seen.append, max_new_tokens=10)
+    assert seen == answer.result.token_ids and 0 < len(seen) <= 10
+
+
+def test_methods_without_stream_weights_leave_only_ar(
+    assistant: Assistant, tiny_model_dir: Path
+) -> None:
+    """A local model has no bundled streams: ss is not offered, and asking for it says why."""
+    plain = Assistant(assistant.asr, assistant.lm, AssistantConfig(llm=str(tiny_model_dir)))
+    assert plain.methods() == ["ar"]
+    with pytest.raises(ValueError, match="no bundled streams"):
+        plain.answer("hi", "ss")
+    with pytest.raises(ValueError, match="unknown method 'pld'"):
+        plain.answer("hi", "pld")
+
+
+def _assist(args: list[str], tiny_model_dir: Path, tiny_streams: Path) -> object:
+    return runner.invoke(
+        app, ["assist", *args, "--llm", str(tiny_model_dir), "--streams", str(tiny_streams)]
+    )
+
+
+def test_assist_json_reports_transcript_answer_and_speed(
+    assistant: Assistant, spoken_questions: list[Path], tiny_model_dir: Path, tiny_streams: Path
+) -> None:
+    clip = spoken_questions[5]
+    result = _assist([str(clip), "--json", "--max-new-tokens", "24"], tiny_model_dir, tiny_streams)
+    assert result.exit_code == 0, result.output
+    record = json.loads(result.stdout)
+    heard = transcribe_file(assistant.asr, clip).text
+    assert record["transcript"]["text"] == heard != ""
+    assert record["transcript"]["rtf"] > 0 and record["transcript"]["duration"] > 0
+    answer = record["answer"]
+    assert answer["method"] == "ss" and answer["identical_to_ar"] is True
+    assert answer["text"] == assistant.answer(heard, "ar", max_new_tokens=24).text
+    assert answer["speedup"] > 0 and answer["mean_accepted"] >= 1
+
+
+def test_assist_prints_the_conversation_then_the_speed(
+    spoken_questions: list[Path], tiny_model_dir: Path, tiny_streams: Path
+) -> None:
+    result = _assist([str(spoken_questions[6]), "--method", "ar"], tiny_model_dir, tiny_streams)
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.splitlines()
+    assert lines[0].startswith("you: ") and lines[1].startswith("assistant: ")
+    assert "RTF" in result.stderr and "tokens/s" in result.stderr
+
+
+def test_assist_bad_input(tmp_path: Path, tiny_model_dir: Path, tiny_streams: Path) -> None:
+    corrupt = tmp_path / "corrupt.wav"
+    corrupt.write_bytes(b"RIFF\x00\x00\x00\x00WAVEjunk" * 10)
+    cases = [
+        ([str(tmp_path / "missing.wav")], "no such audio file"),
+        ([str(corrupt)], "corrupt.wav"),
+        ([str(SAMPLE), "--method", "pld"], "unknown method 'pld'"),
+        ([str(SAMPLE), "--max-new-tokens", "0"], "max_new_tokens must be at least 1"),
+        ([str(SAMPLE), "--chunk-ms", "50"], "multiple of 40 ms"),
+    ]
+    for args, message in cases:
+        result = _assist(args, tiny_model_dir, tiny_streams)
+        assert result.exit_code == 2, (args, result.output)
+        lines = result.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("error: "), (args, result.stderr)
+        assert message in lines[0], (args, lines[0])
+    assert corrupt.read_bytes().startswith(b"RIFF")  # nothing the user gave is touched
+
+
+@needs_smollm2
+def test_the_demo_question_is_answered_by_smollm2_with_ss() -> None:
+    """`make demo`'s assist step: the bundled recording, SmolLM2, the bundled streams."""
+    result = runner.invoke(app, ["assist", str(SAMPLE), "--json", "--max-new-tokens", "32"])
+    assert result.exit_code == 0, result.output
+    record = json.loads(result.stdout)
+    assert record["transcript"]["text"].startswith("why is the")
+    assert record["answer"]["identical_to_ar"] is True
+    assert record["answer"]["mean_accepted"] > 1.2  # trained streams do get drafts accepted
