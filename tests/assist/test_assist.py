@@ -5,9 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import numpy as np
 import pytest
-import soundfile as sf
 from typer.testing import CliRunner
 
 from edgestream.asr.transcribe import transcribe_file
