@@ -4,16 +4,19 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import subprocess
 import sys
 from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
+from edgestream.asr.features import compute_fbank
 from edgestream.asr.model_io import load_model
-from edgestream.asr.train import TrainConfig, length_batches, train_asr
+from edgestream.asr.train import TrainConfig, length_batches, pad_with_silence, train_asr
 
 from .conftest import TINY
 
@@ -25,6 +28,29 @@ def test_length_batches_cover_everything_once_within_the_budget() -> None:
     batches = length_batches(lengths, 1000)
     assert sorted(i for b in batches for i in b) == list(range(len(lengths)))
     assert all(len(b) * max(lengths[i] for i in b) <= 1000 or len(b) == 1 for b in batches)
+
+
+def test_silence_padding_keeps_the_utterance_and_adds_quiet_frames_around_it() -> None:
+    utterance = compute_fbank(np.random.default_rng(0).standard_normal(16_000).astype(np.float32))
+    config = TrainConfig(silence_prob=0.5, max_lead_silence_frames=100, max_trail_silence_frames=50)
+    rng, added, padded_count = random.Random(0), [], 0
+    for _ in range(200):
+        padded = pad_with_silence(utterance, config, rng)
+        extra = len(padded) - len(utterance)
+        assert 0 <= extra <= 150
+        if extra:
+            padded_count += 1
+            starts = [
+                i
+                for i in range(extra + 1)
+                if np.array_equal(padded[i : i + len(utterance)], utterance)
+            ]
+            assert len(starts) == 1 and starts[0] <= 100  # the speech itself is untouched
+            around = np.concatenate([padded[: starts[0]], padded[starts[0] + len(utterance) :]])
+            assert around.mean() < utterance.mean() - 3  # quieter than speech-level audio
+        added.append(extra)
+    assert 70 < padded_count < 130  # about half, as configured
+    assert max(added) > 100  # both sides are used
 
 
 def test_training_lowers_the_loss_resumes_and_writes_a_loadable_model(
