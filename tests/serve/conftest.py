@@ -18,10 +18,15 @@ PIECE_BYTES = 3200  # 100 ms of 16 kHz PCM16, as the page sends it
 
 
 @contextmanager
-def running_server(assistant: object, settings: ServerSettings) -> Iterator[str]:
-    """Serve in a thread; yields "127.0.0.1:PORT"; stops the server afterwards."""
+def running_server(
+    assistant: object, settings: ServerSettings, receive_buffer: int | None = None
+) -> Iterator[str]:
+    """Serve in a thread; yields "127.0.0.1:PORT"; stops the server afterwards.
+    `receive_buffer`: the kernel's receive buffer per connection (SO_RCVBUF), in bytes."""
     server = make_server(assistant, settings)  # type: ignore[arg-type]
     sock = socket.socket()
+    if receive_buffer is not None:  # accepted connections inherit it (and lose autotuning)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, receive_buffer)
     sock.bind(("127.0.0.1", 0))
     sock.listen()
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -163,6 +164,38 @@ def test_malformed_messages_get_an_error_and_the_stream_goes_on(
     errors, text = asyncio.run(misbehave())
     assert "expected binary PCM16 audio" in errors[0] and "odd byte count" in errors[3]
     assert text == _reference(assistant, spoken_questions[3])
+
+
+def test_a_client_flooding_audio_is_slowed_down_not_buffered(
+    serve: Callable[..., object], assistant: object
+) -> None:
+    """Five minutes of audio sent as fast as the socket takes it, responses unread. The server
+    reads a message only once it has processed the previous one, so with small kernel buffers
+    the client can finish sending only shortly before the server finishes recognising: the
+    flood waits in the client, not in the server's memory. None of it is dropped."""
+    pieces = 3000  # 100 ms each
+
+    async def flood(address: str) -> tuple[float, float, dict]:
+        host, port = address.split(":")
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 16_384)
+        sock.connect((host, int(port)))
+        async with connect(f"ws://{address}/ws/transcribe", sock=sock, max_queue=None) as ws:
+            await ws.recv()
+            began = time.perf_counter()
+            for _ in range(pieces):
+                await ws.send(bytes(3200))
+            sent = time.perf_counter() - began
+            await ws.send(END)
+            while (message := json.loads(await ws.recv()))["type"] != "final":
+                pass
+            return sent, time.perf_counter() - began, message
+
+    with serve(assistant, ServerSettings(), receive_buffer=16_384) as address:
+        sent, done, final = asyncio.run(flood(address))
+    assert final["duration"] == pieces / 10  # every sample was recognised
+    # Unbounded buffering would let the client finish in a few percent of the time.
+    assert sent > 0.5 * done, f"sent in {sent:.2f} s, recognised in {done:.2f} s"
 
 
 @pytest.mark.parametrize("factor", [1.5, 8])
