@@ -34,12 +34,15 @@ asr_app = typer.Typer(help="Speech recognition data and tools.")
 app.add_typer(asr_app, name="asr")
 numerics_app = typer.Typer(help="Low-precision numerics: pre-normalizers, float16-safe ops.")
 app.add_typer(numerics_app, name="numerics")
+export_app = typer.Typer(help="Export models for edge runtimes.")
+app.add_typer(export_app, name="export")
 
 stderr = Console(stderr=True, highlight=False)
 
 # = edgestream.llm.methods.METHODS (+ bench.spec.REFERENCE_METHODS), here so --help needs no torch
 METHODS = ("ar", "ss", "pld")
 BENCH_METHODS = (*METHODS, "hf-pld")
+BACKEND_HELP = "torch, onnx (an exported .onnx model) or auto (by the model file's suffix)."
 
 
 def user_errors(command: Callable[P, R]) -> Callable[P, R]:
@@ -605,7 +608,10 @@ def _show(table: object, report: object, json_path: Path | None) -> None:
 @app.command()
 def transcribe(
     audio: Annotated[list[Path], typer.Argument(help="WAV, FLAC or OGG files, any rate.")],
-    model: Annotated[str, typer.Option(help="'default' (bundled) or a model file.")] = "default",
+    model: Annotated[
+        str, typer.Option(help="'default' (bundled), a model file, or an exported .onnx file.")
+    ] = "default",
+    backend: Annotated[str, typer.Option(help=BACKEND_HELP)] = "auto",
     chunk_ms: Annotated[int, typer.Option(help="Streaming chunk (multiple of 40 ms).")] = 640,
     left_chunks: Annotated[int, typer.Option(help="Attention context, in chunks.")] = 4,
     beam: Annotated[int, typer.Option(help="CTC prefix beam width; 0 decodes greedily.")] = 0,
@@ -617,13 +623,14 @@ def transcribe(
 
     rtf = processing seconds / audio seconds; first_partial_ms = when the first words would
     have appeared, had the audio arrived live."""
-    from edgestream.asr.model_io import load_model
+    from edgestream.asr.model_io import load_streaming_model
     from edgestream.asr.transcribe import transcribe_file
 
     try:
         _set_threads(threads)
         options = _streaming_options(chunk_ms, left_chunks, beam)
-        asr = load_model(model)
+        asr = load_streaming_model(model, backend, threads)
+        asr.chunk_encoder(options.left_chunks * options.chunk_frames)  # settings it can run
     except (ValueError, FileNotFoundError) as err:
         print(f"error: {str(err).splitlines()[0]}", file=sys.stderr)
         raise typer.Exit(2) from None
@@ -665,18 +672,21 @@ def bench_asr_command(
     beam: Annotated[int, typer.Option(help="CTC prefix beam width; 0 decodes greedily.")] = 0,
     limit: Annotated[int | None, typer.Option(help="At most this many utterances.")] = None,
     pocketsphinx: Annotated[bool, typer.Option(help="Also run pocketsphinx.")] = True,
+    backend: Annotated[str, typer.Option(help=BACKEND_HELP)] = "auto",
     json_path: Annotated[Path | None, typer.Option("--json", help="Also write JSON here.")] = None,
 ) -> None:
     """WER and real-time factor (1 and 2 threads) per group, next to pocketsphinx."""
     from rich.progress import Progress
     from rich.table import Table
 
-    from edgestream.asr.model_io import load_model
+    from edgestream.asr.model_io import load_streaming_model
     from edgestream.bench.asr import bench_asr, read_bench_manifest
 
     options = _streaming_options(chunk_ms, left_chunks, beam)
     utterances = read_bench_manifest(manifest, limit)
-    asr = load_model(model)
+    load_streaming_model(model, backend).chunk_encoder(  # bad model or settings: fail now
+        options.left_chunks * options.chunk_frames
+    )
     with Progress(console=stderr, transient=True) as bar:
         tasks: dict[str, object] = {}
 
@@ -685,8 +695,9 @@ def bench_asr_command(
                 tasks[stage] = bar.add_task(stage, total=total)
             bar.update(tasks[stage], completed=done)
 
-        report = bench_asr(asr, utterances, options, pocketsphinx, progress)
-    table = Table(title=f"ASR on {manifest} ({report['decoder']}, {chunk_ms} ms chunks)")
+        report = bench_asr(model, utterances, options, pocketsphinx, progress, backend)
+    title = f"ASR on {manifest} ({report['backend']}, {report['decoder']}, {chunk_ms} ms chunks)"
+    table = Table(title=title)
     for column in ("system", "group", "utterances", "audio s", "WER", "RTF 1 thread", "RTF 2"):
         table.add_column(column)
     systems = [("edgestream", report)]
@@ -736,6 +747,38 @@ def bench_subsampling_command(
             f"{row['latency_share']:.1%}",
         )
     _show(table, results, json_path)
+
+
+@export_app.command("asr")
+@user_errors
+def export_asr_command(
+    out: Annotated[Path, typer.Option(help="Folder for the .onnx files.")],
+    model: Annotated[str, typer.Option(help="'default' (bundled) or a model file.")] = "default",
+    format_: Annotated[str, typer.Option("--format", help="Export format: onnx.")] = "onnx",
+    chunk_ms: Annotated[int, typer.Option(help="Streaming chunk (multiple of 40 ms).")] = 640,
+    left_chunks: Annotated[int, typer.Option(help="Attention context, in chunks.")] = 4,
+    fp16: Annotated[bool, typer.Option("--fp16", help="Also a float16 model.")] = False,
+    int8: Annotated[bool, typer.Option("--int8", help="Also an int8 (dynamic) model.")] = False,
+) -> None:
+    """Export the streaming step (a chunk and its caches in, log-probs and caches out)."""
+    if format_ != "onnx":
+        raise ValueError(f"unknown format {format_!r}: expected onnx")
+    from edgestream.asr.export import export_onnx, max_step_difference
+    from edgestream.asr.model_io import load_model
+
+    options = _streaming_options(chunk_ms, left_chunks, 0)
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--out {out} exists and is not a folder")
+    asr = load_model(model)
+    precisions = ("float32", *(["float16"] if fp16 else []), *(["int8"] if int8 else []))
+    with stderr.status("exporting"):
+        written = export_onnx(asr, out, options, precisions)
+    for precision, path in written.items():
+        difference = max_step_difference(asr, path, options)
+        print(
+            f"{path}  {precision}, {path.stat().st_size / 2**20:.1f} MiB, "
+            f"max |log-prob - PyTorch| {difference:.2g}"
+        )
 
 
 @numerics_app.command("report")

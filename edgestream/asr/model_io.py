@@ -10,13 +10,19 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+import numpy as np
+import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 
 from edgestream.asr.conformer import ConformerConfig, ConformerCTC
 from edgestream.asr.decode import Vocabulary, vocabulary_from_metadata
 from edgestream.asr.features import GlobalCmvn
+
+if TYPE_CHECKING:
+    from edgestream.asr.streaming import StreamingModel
 
 FORMAT = "edgestream-conformer-ctc/1"
 WEIGHTS_DIR = Path(__file__).parent / "weights"
@@ -30,6 +36,23 @@ class AsrModel:
     vocabulary: Vocabulary
     info: dict[str, object]  # how it was trained (free-form)
     path: Path
+
+    def chunk_encoder(self, max_cached: int) -> TorchChunkEncoder:
+        return TorchChunkEncoder(self.model, max_cached)
+
+
+class TorchChunkEncoder:
+    """One stream's encoder in PyTorch: `forward_chunk` with growing, then trimmed, caches."""
+
+    def __init__(self, model: ConformerCTC, max_cached: int) -> None:
+        self.model, self.max_cached = model, max_cached
+        self.caches = model.empty_cache()
+
+    @torch.inference_mode()
+    def __call__(self, window: np.ndarray, offset: int) -> np.ndarray:
+        x = self.model.subsampling(torch.from_numpy(window).unsqueeze(0))
+        log_probs, self.caches = self.model.forward_chunk(x, offset, self.caches, self.max_cached)
+        return log_probs[0].numpy()
 
 
 def save_model(
@@ -92,3 +115,31 @@ def load_model(name: str | Path = "default") -> AsrModel:
         json.loads(metadata["info"]),
         path,
     )
+
+
+BACKENDS = ("auto", "torch", "onnx")
+
+
+def load_streaming_model(
+    name: str | Path = "default", backend: str = "auto", threads: int | None = None
+) -> StreamingModel:
+    """A model for the `Recognizer`: PyTorch (a bundled name or .safetensors file) or
+    onnxruntime (a .onnx file from `edgestream export asr`). "auto" goes by the file suffix.
+    `threads` sets onnxruntime's threads; PyTorch's are set with `torch.set_num_threads`."""
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown backend {backend!r}: expected one of {', '.join(BACKENDS)}")
+    is_onnx = str(name).endswith(".onnx")
+    if backend == "auto":
+        backend = "onnx" if is_onnx else "torch"
+    if backend == "onnx":
+        if not is_onnx:
+            raise ValueError(
+                f"--backend onnx runs an exported .onnx file, got {str(name)!r}: "
+                "make one with `edgestream export asr --out DIR`"
+            )
+        from edgestream.asr.onnx_runtime import load_onnx_model
+
+        return load_onnx_model(name, threads)
+    if is_onnx:
+        raise ValueError(f"{name} is an ONNX file: use --backend onnx (or auto)")
+    return load_model(name)

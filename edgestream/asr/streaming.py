@@ -19,14 +19,13 @@ carry on, so endpoints do not change the text, only how it is split (except that
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
-import torch
 
 from edgestream.asr.conformer import SUBSAMPLING_CONTEXT, SUBSAMPLING_FACTOR, subsampled_length
-from edgestream.asr.decode import BLANK, GreedyDecoder, PrefixBeamDecoder
-from edgestream.asr.features import SAMPLE_RATE, StreamingFbank
-from edgestream.asr.model_io import AsrModel
+from edgestream.asr.decode import BLANK, GreedyDecoder, PrefixBeamDecoder, Vocabulary
+from edgestream.asr.features import SAMPLE_RATE, GlobalCmvn, StreamingFbank
 
 ENCODER_FRAME_MS = 40  # 10 ms fbank hop x subsampling by 4
 
@@ -56,16 +55,35 @@ class StreamingOptions:
         return self.chunk_ms // ENCODER_FRAME_MS
 
 
+class ChunkEncoder(Protocol):
+    """One stream's encoder with its caches: a window of CMVN-normalised fbank frames (the
+    frames behind the next encoder frames) and the absolute index of its first encoder frame
+    -> CTC log-probs (encoder frames, vocabulary)."""
+
+    def __call__(self, window: np.ndarray, offset: int) -> np.ndarray: ...
+
+
+class StreamingModel(Protocol):
+    """What a recognizer needs of a model, whatever runs it (PyTorch, onnxruntime)."""
+
+    cmvn: GlobalCmvn
+    vocabulary: Vocabulary
+
+    def chunk_encoder(self, max_cached: int) -> ChunkEncoder:
+        """A fresh encoder keeping the last `max_cached` encoder frames of attention context."""
+        ...
+
+
 class Recognizer:
     """One audio stream. Feed `accept_waveform`, read `text` (partial), end with `finalize`."""
 
-    def __init__(self, asr: AsrModel, options: StreamingOptions = StreamingOptions()) -> None:
+    def __init__(self, asr: StreamingModel, options: StreamingOptions = StreamingOptions()) -> None:
         self.asr, self.options = asr, options
         self._fbank = StreamingFbank()
         self._features = np.zeros((0, asr.cmvn.mean.shape[0]), np.float32)
         self._features_start = 0  # absolute index of self._features[0]
         self._encoded = 0  # encoder frames computed so far
-        self._caches = asr.model.empty_cache()
+        self._encoder = asr.chunk_encoder(options.left_chunks * options.chunk_frames)
         self.segments: list[str] = []  # texts of the segments closed by endpoints
         self._decoder = self._new_decoder()
         self._silent_frames = 0
@@ -119,19 +137,13 @@ class Recognizer:
     def _encode(self, frames: int) -> None:
         first = SUBSAMPLING_FACTOR * self._encoded - self._features_start
         last = SUBSAMPLING_FACTOR * (self._encoded + frames - 1) + SUBSAMPLING_CONTEXT
-        window = torch.from_numpy(self._features[first : last - self._features_start])
-        model = self.asr.model
-        with torch.inference_mode():
-            x = model.subsampling(window.unsqueeze(0))
-            max_cached = self.options.left_chunks * self.options.chunk_frames
-            log_probs, self._caches = model.forward_chunk(
-                x, self._encoded, self._caches, max_cached
-            )
+        window = self._features[first : last - self._features_start]
+        log_probs = self._encoder(window, self._encoded)
         self._encoded += frames
         keep_from = SUBSAMPLING_FACTOR * self._encoded - self._features_start
         self._features = self._features[keep_from:]
         self._features_start += keep_from
-        self._decode(log_probs[0].numpy())
+        self._decode(log_probs)
 
     def _decode(self, log_probs: np.ndarray) -> None:
         frame_s = ENCODER_FRAME_MS / 1000

@@ -15,8 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from edgestream.asr.audio import AudioStats, stream_audio
-from edgestream.asr.model_io import AsrModel
-from edgestream.asr.streaming import Recognizer, StreamingOptions
+from edgestream.asr.streaming import Recognizer, StreamingModel, StreamingOptions
 
 PIECE_SECONDS = 0.1
 
@@ -44,7 +43,7 @@ class Transcript:
 
 
 def transcribe_file(
-    asr: AsrModel,
+    asr: StreamingModel,
     path: str | Path,
     options: StreamingOptions = StreamingOptions(),
     on_partial: Callable[[str], None] | None = None,
@@ -95,7 +94,7 @@ def transcribe_file(
     )
 
 
-def transcribe_samples(asr: AsrModel, samples: np.ndarray, options: StreamingOptions) -> str:
+def transcribe_samples(asr: StreamingModel, samples: np.ndarray, options: StreamingOptions) -> str:
     """16 kHz float samples -> text, through the streaming recognizer in one piece."""
     recognizer = Recognizer(asr, options)
     recognizer.accept_waveform(samples)

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from edgestream.asr.audio import read_audio
-from edgestream.asr.model_io import AsrModel
+from edgestream.asr.model_io import load_streaming_model
 from edgestream.asr.streaming import StreamingOptions
 from edgestream.asr.transcribe import transcribe_file
 
@@ -89,13 +89,16 @@ def _scores(
 
 
 def run_edgestream(
-    asr: AsrModel,
+    model: str,
+    backend: str,
     utterances: list[Utterance],
     options: StreamingOptions,
     threads: int,
     progress: PROGRESS | None = None,
 ) -> tuple[list[str], list[float], list[float]]:
-    """Hypotheses, audio seconds and processing seconds per utterance, on `threads` threads."""
+    """Hypotheses, audio seconds and processing seconds per utterance, on `threads` threads
+    (PyTorch's thread count, or the onnxruntime session's)."""
+    asr = load_streaming_model(model, backend, threads)
     previous = torch.get_num_threads()
     torch.set_num_threads(threads)
     hypotheses, seconds, processing = [], [], []
@@ -145,26 +148,31 @@ def run_pocketsphinx(
 
 
 def bench_asr(
-    asr: AsrModel,
+    model: str,
     utterances: list[Utterance],
     options: StreamingOptions = StreamingOptions(),
     with_pocketsphinx: bool = True,
     progress: Callable[[str, int, int], None] | None = None,
+    backend: str = "auto",
 ) -> dict[str, object]:
-    """The JSON report: model, overall and groups (wer, rtf, rtf_2threads, utterances,
-    audio_seconds), and pocketsphinx (or a note saying why it is missing)."""
+    """The JSON report: model, backend, overall and groups (wer, rtf, rtf_2threads,
+    utterances, audio_seconds), and pocketsphinx (or a note saying why it is missing)."""
 
     def stage(name: str) -> PROGRESS | None:
         return None if progress is None else (lambda done, total: progress(name, done, total))
 
-    hypotheses, seconds, one = run_edgestream(asr, utterances, options, 1, stage("1 thread"))
-    _, _, two = run_edgestream(asr, utterances, options, 2, stage("2 threads"))
+    runs = {n: stage(f"{n} thread{'s' * (n > 1)}") for n in (1, 2)}
+    hypotheses, seconds, one = run_edgestream(model, backend, utterances, options, 1, runs[1])
+    _, _, two = run_edgestream(model, backend, utterances, options, 2, runs[2])
     table = _scores(utterances, hypotheses, seconds, one)
     table_two = _scores(utterances, hypotheses, seconds, two)
     for name, row in table.items():
         row["rtf_2threads"] = table_two[name]["rtf"]
     report: dict[str, object] = {
-        "model": str(asr.path),
+        "model": model,
+        "backend": backend
+        if backend != "auto"
+        else ("onnx" if model.endswith(".onnx") else "torch"),
         "chunk_ms": options.chunk_ms,
         "left_chunks": options.left_chunks,
         "decoder": f"prefix beam {options.beam}" if options.beam else "greedy",

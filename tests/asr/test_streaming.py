@@ -82,7 +82,8 @@ def test_memory_stays_flat_over_a_long_stream(random_model: Path) -> None:
     for _ in range(12 * 10):  # ten minutes
         recognizer.accept_waveform(piece)
         assert len(recognizer._features) < 4 * options.chunk_frames + 7
-        assert recognizer._caches[0].keys.shape[2] <= options.left_chunks * options.chunk_frames
+        cached = recognizer._encoder.caches[0].keys.shape[2]
+        assert cached <= options.left_chunks * options.chunk_frames
     assert recognizer.seconds == pytest.approx(600)
 
 
