@@ -42,7 +42,10 @@ stderr = Console(stderr=True, highlight=False)
 # = edgestream.llm.methods.METHODS (+ bench.spec.REFERENCE_METHODS), here so --help needs no torch
 METHODS = ("ar", "ss", "pld")
 BENCH_METHODS = (*METHODS, "hf-pld")
-BACKEND_HELP = "torch, onnx (an exported .onnx model) or auto (by the model file's suffix)."
+BACKEND_HELP = (
+    "torch, accelerator (the (B,C,1,S) graph), onnx (an exported .onnx model) or auto (by the "
+    "model file's suffix)."
+)
 
 
 def user_errors(command: Callable[P, R]) -> Callable[P, R]:
@@ -714,6 +717,47 @@ def bench_asr_command(
                 f"{row['rtf']:.4f}",
                 f"{row['rtf_2threads']:.4f}" if "rtf_2threads" in row else "-",
             )
+    _show(table, report, json_path)
+
+
+@bench_app.command("backends")
+@user_errors
+def bench_backends_command(
+    manifest: Annotated[Path, typer.Option(help="JSON Lines: audio, text, optional group.")],
+    model: Annotated[str, typer.Option(help="'default' (bundled) or a model file.")] = "default",
+    chunk_ms: Annotated[int, typer.Option(help="Streaming chunk (multiple of 40 ms).")] = 640,
+    left_chunks: Annotated[int, typer.Option(help="Attention context, in chunks.")] = 4,
+    limit: Annotated[int | None, typer.Option(help="At most this many utterances.")] = None,
+    backends: Annotated[
+        str, typer.Option(help="Comma-separated: torch, accelerator, onnx-float32/16, onnx-int8.")
+    ] = "torch,accelerator,onnx-float32,onnx-float16,onnx-int8",
+    json_path: Annotated[Path | None, typer.Option("--json", help="Also write JSON here.")] = None,
+) -> None:
+    """WER, RTF (1 and 2 threads) and peak memory of every backend, each in its own process."""
+    from rich.table import Table
+
+    from edgestream.bench.backends import bench_backends
+
+    options = _streaming_options(chunk_ms, left_chunks, 0)
+    chosen = tuple(b.strip() for b in backends.split(",") if b.strip())
+    if not manifest.is_file():
+        raise FileNotFoundError(f"no such manifest: {manifest}")
+    with stderr.status("benchmarking") as status:
+        report = bench_backends(
+            manifest, model, options, limit, chosen, lambda stage: status.update(stage)
+        )
+    table = Table(title=f"ASR backends on {manifest} ({chunk_ms} ms chunks)")
+    for column in ("backend", "WER", "vs torch", "RTF 1 thread", "RTF 2", "peak MiB"):
+        table.add_column(column)
+    for name, row in report["backends"].items():
+        table.add_row(
+            name,
+            f"{row['wer']:.2%}",
+            f"{row['wer_vs_torch']:+.2%}" if "wer_vs_torch" in row else "-",
+            f"{row['rtf']:.4f}",
+            f"{row['rtf_2threads']:.4f}",
+            f"{row['peak_mib']:.0f}",
+        )
     _show(table, report, json_path)
 
 

@@ -117,15 +117,16 @@ def load_model(name: str | Path = "default") -> AsrModel:
     )
 
 
-BACKENDS = ("auto", "torch", "onnx")
+BACKENDS = ("auto", "torch", "accelerator", "onnx")
 
 
 def load_streaming_model(
     name: str | Path = "default", backend: str = "auto", threads: int | None = None
 ) -> StreamingModel:
-    """A model for the `Recognizer`: PyTorch (a bundled name or .safetensors file) or
-    onnxruntime (a .onnx file from `edgestream export asr`). "auto" goes by the file suffix.
-    `threads` sets onnxruntime's threads; PyTorch's are set with `torch.set_num_threads`."""
+    """A model for the `Recognizer`: PyTorch (a bundled name or .safetensors file), the same
+    weights in the accelerator layout ("accelerator", see `accelerator.py`), or onnxruntime
+    (a .onnx file from `edgestream export asr`). "auto" goes by the file suffix. `threads`
+    sets onnxruntime's threads; PyTorch's are set with `torch.set_num_threads`."""
     if backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}: expected one of {', '.join(BACKENDS)}")
     is_onnx = str(name).endswith(".onnx")
@@ -142,4 +143,9 @@ def load_streaming_model(
         return load_onnx_model(name, threads)
     if is_onnx:
         raise ValueError(f"{name} is an ONNX file: use --backend onnx (or auto)")
-    return load_model(name)
+    asr = load_model(name)
+    if backend == "accelerator":
+        from edgestream.asr.accelerator import AcceleratorConformer
+
+        asr.model = AcceleratorConformer(asr.model)  # type: ignore[assignment]
+    return asr
