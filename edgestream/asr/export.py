@@ -53,7 +53,7 @@ class StreamingStep(nn.Module):
         self, features: Tensor, offset: Tensor, keys: Tensor, values: Tensor, conv: Tensor,
         valid: Tensor,
     ) -> tuple[Tensor, Tensor, Tensor, Tensor]:  # fmt: skip
-        """features (1, 4t + 3, 80); offset, valid: int64 scalars; keys, values
+        """features (1, 4t + 3, 80); offset, valid: int64 of shape (1,); keys, values
         (layers, 1, heads, cached, head_dim); conv (layers, 1, d_model, kernel - 1)."""
         model, config = self.model, self.model.config
         x = model.subsampling(features)
@@ -80,11 +80,11 @@ class StreamingStep(nn.Module):
         kv = torch.zeros(c.num_layers, 1, c.num_heads, self.cached, head_dim)
         return (
             torch.zeros(1, window, c.num_mel_bins),
-            torch.tensor(0),
+            torch.tensor([0]),
             kv,
             kv.clone(),
             torch.zeros(c.num_layers, 1, c.d_model, c.conv_kernel - 1),
-            torch.tensor(0),
+            torch.tensor([0]),
         )
 
 

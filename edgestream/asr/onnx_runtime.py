@@ -56,9 +56,9 @@ class OnnxChunkEncoder:
     def __call__(self, window: np.ndarray, offset: int) -> np.ndarray:
         feeds = {
             "features": np.ascontiguousarray(window, np.float32)[None],
-            "offset": np.array(offset, np.int64),
+            "offset": np.array([offset], np.int64),
             **self.caches,
-            "valid": np.array(self.valid, np.int64),
+            "valid": np.array([self.valid], np.int64),
         }
         log_probs, keys, values, conv = self.model.session.run(OUTPUTS, feeds)
         self.caches = {"keys": keys, "values": values, "conv": conv}
