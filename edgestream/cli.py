@@ -877,12 +877,15 @@ def assist(
     )
     assistant = Assistant.load(config)
 
+    shown: list[str] = []
+
     def show_partial(text: str) -> None:
         sys.stderr.write(f"\r\x1b[K{text[-150:]}")
         sys.stderr.flush()
+        shown.append(text)
 
     transcript = assistant.transcribe(audio, None if json_output else show_partial)
-    if not json_output:
+    if shown:  # clear the partial line before anything else is printed
         sys.stderr.write("\r\x1b[K")
     if not transcript.text.strip():
         raise ValueError(f"no speech recognised in {audio}")

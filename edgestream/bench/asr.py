@@ -24,6 +24,7 @@ from edgestream.asr.audio import read_audio
 from edgestream.asr.model_io import load_streaming_model
 from edgestream.asr.streaming import StreamingOptions
 from edgestream.asr.transcribe import transcribe_file
+from edgestream.bench.environment import peak_rss_mib
 
 PROGRESS = Callable[[int, int], None]
 
@@ -168,8 +169,10 @@ def bench_asr(
     table_two = _scores(utterances, hypotheses, seconds, two)
     for name, row in table.items():
         row["rtf_2threads"] = table_two[name]["rtf"]
+    peak = peak_rss_mib()  # before pocketsphinx runs in this process too
     report: dict[str, object] = {
         "model": model,
+        "peak_rss_mib": None if peak is None else round(peak, 1),
         "backend": backend
         if backend != "auto"
         else ("onnx" if model.endswith(".onnx") else "torch"),

@@ -2,14 +2,13 @@
 
 Backends: PyTorch eager float32, the accelerator-layout graph in float32 (`accelerator.py`),
 and onnxruntime on the exported streaming step in float32, float16 and int8. Each runs as its
-own `edgestream bench asr` process, so its peak resident memory (from `wait4`) is its own:
+own `edgestream bench asr` process, which reports its own peak resident memory (VmHWM):
 interpreter, libraries, model and streaming state together, as a deployment would pay.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import tempfile
@@ -23,23 +22,21 @@ from edgestream.asr.streaming import StreamingOptions
 BACKENDS = ("torch", "accelerator", "onnx-float32", "onnx-float16", "onnx-int8")
 
 
-def _run_bench_asr(arguments: list[str]) -> tuple[dict[str, object], float]:
-    """One `edgestream bench asr` process -> (its report, its peak RSS in MiB)."""
+def _run_bench_asr(arguments: list[str]) -> dict[str, object]:
+    """One `edgestream bench asr` process -> its report (with its own peak memory)."""
     with tempfile.TemporaryDirectory() as scratch:
         report_path = Path(scratch) / "report.json"
         command = [sys.executable, "-m", "edgestream", "bench", "asr", *arguments]
-        process = subprocess.Popen(
+        done = subprocess.run(
             [*command, "--no-pocketsphinx", "--json", str(report_path)],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
+            text=True,
+            check=False,
         )
-        _, status, usage = os.wait4(process.pid, 0)
-        process.returncode = os.waitstatus_to_exitcode(status)
-        error = process.stderr.read().decode() if process.stderr else ""
-        if process.returncode != 0:
-            raise RuntimeError(f"{' '.join(command)} failed: {error.strip()[-500:]}")
-        peak_mib = usage.ru_maxrss / 1024  # Linux reports KiB
-        return json.loads(report_path.read_text()), peak_mib
+        if done.returncode != 0:
+            raise RuntimeError(f"{' '.join(command)} failed: {done.stderr.strip()[-500:]}")
+        return json.loads(report_path.read_text())
 
 
 def bench_backends(
@@ -75,13 +72,13 @@ def bench_backends(
                 target += ["--backend", "onnx"]
             else:
                 target = ["--model", model, "--backend", backend]
-            report, peak = _run_bench_asr([*common, *target])
+            report = _run_bench_asr([*common, *target])
             overall = report["overall"]
             rows[backend] = {
                 "wer": overall["wer"],
                 "rtf": overall["rtf"],
                 "rtf_2threads": overall["rtf_2threads"],
-                "peak_mib": round(peak, 1),
+                "peak_mib": report["peak_rss_mib"],
                 "utterances": overall["utterances"],
             }
     if "torch" in rows:

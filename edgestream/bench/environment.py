@@ -38,3 +38,19 @@ def machine_facts(threads: int) -> dict[str, object]:
         "transformers": _version("transformers"),
         "edgestream": _version("edgestream"),
     }
+
+
+def peak_rss_mib() -> float | None:
+    """This process's peak resident memory since it started (VmHWM), in MiB; None off Linux.
+
+    Not `getrusage`/`wait4`'s ru_maxrss: on Linux that keeps the high-water mark of the memory
+    image before `exec`, i.e. the parent's at fork time (measured: every benchmark child of a
+    563 MiB parent reported exactly 563 MiB)."""
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return None

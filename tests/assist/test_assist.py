@@ -5,7 +5,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
+import soundfile as sf
 from typer.testing import CliRunner
 
 from edgestream.asr.transcribe import transcribe_file
@@ -77,10 +79,17 @@ def test_assist_prints_the_conversation_then_the_speed(
 
 
 def test_assist_bad_input(tmp_path: Path, tiny_model_dir: Path, tiny_streams: Path) -> None:
+    silence = tmp_path / "silence.wav"
+    sf.write(silence, np.zeros(16_000 * 2, np.float32), 16_000)
+    noise = tmp_path / "noise.wav"
+    hiss = np.random.default_rng(0).standard_normal(16_000 * 3) * 0.003
+    sf.write(noise, hiss.astype(np.float32), 16_000)
     corrupt = tmp_path / "corrupt.wav"
     corrupt.write_bytes(b"RIFF\x00\x00\x00\x00WAVEjunk" * 10)
     cases = [
         ([str(tmp_path / "missing.wav")], "no such audio file"),
+        ([str(silence)], "no speech recognised"),
+        ([str(noise)], "no speech recognised"),
         ([str(corrupt)], "corrupt.wav"),
         ([str(SAMPLE), "--method", "pld"], "unknown method 'pld'"),
         ([str(SAMPLE), "--max-new-tokens", "0"], "max_new_tokens must be at least 1"),
