@@ -48,6 +48,13 @@ BACKEND_HELP = (
 )
 
 
+# Options that several commands share, declared once.
+ChunkMs = Annotated[int, typer.Option(help="Streaming chunk (multiple of 40 ms).")]
+LeftChunks = Annotated[int, typer.Option(help="Attention context, in chunks.")]
+JsonReport = Annotated[Path | None, typer.Option("--json", help="Also write JSON here.")]
+AsrModelName = Annotated[str, typer.Option(help="'default' (bundled) or a model file.")]
+
+
 def user_errors(command: Callable[P, R]) -> Callable[P, R]:
     """Report bad input as `error: ...` on stderr with exit code 2, without a traceback."""
 
@@ -211,7 +218,7 @@ def bench_generate_command(
     max_new_tokens: Annotated[int, typer.Option(help="Upper bound on new tokens.")] = 128,
     repeats: Annotated[int, typer.Option(help="Timed runs per prompt; the median counts.")] = 3,
     threads: Annotated[int, typer.Option(help="CPU threads for both engines.")] = 2,
-    json_path: Annotated[Path | None, typer.Option("--json", help="Also write JSON here.")] = None,
+    json_path: JsonReport = None,
 ) -> None:
     """Our AR engine vs transformers' generate: tokens/s and speedup, interleaved in one run."""
     from rich.table import Table
@@ -293,7 +300,7 @@ def bench_spec_command(
     data: Annotated[
         Path | None, typer.Option(help="Shared data folder (for --suite tasks).")
     ] = None,
-    json_path: Annotated[Path | None, typer.Option("--json", help="Also write JSON here.")] = None,
+    json_path: JsonReport = None,
 ) -> None:
     """Speculative decoding methods vs AR: speedup, accepted tokens, exact match, per category."""
     from rich.progress import Progress
@@ -615,8 +622,8 @@ def transcribe(
         str, typer.Option(help="'default' (bundled), a model file, or an exported .onnx file.")
     ] = "default",
     backend: Annotated[str, typer.Option(help=BACKEND_HELP)] = "auto",
-    chunk_ms: Annotated[int, typer.Option(help="Streaming chunk (multiple of 40 ms).")] = 640,
-    left_chunks: Annotated[int, typer.Option(help="Attention context, in chunks.")] = 4,
+    chunk_ms: ChunkMs = 640,
+    left_chunks: LeftChunks = 4,
     beam: Annotated[int, typer.Option(help="CTC prefix beam width; 0 decodes greedily.")] = 0,
     stream: Annotated[bool, typer.Option(help="Print partial results as they come.")] = False,
     threads: Annotated[int | None, typer.Option(help="CPU threads (default: PyTorch's).")] = None,
@@ -669,14 +676,14 @@ def transcribe(
 @user_errors
 def bench_asr_command(
     manifest: Annotated[Path, typer.Option(help="JSON Lines: audio, text, optional group.")],
-    model: Annotated[str, typer.Option(help="'default' (bundled) or a model file.")] = "default",
-    chunk_ms: Annotated[int, typer.Option(help="Streaming chunk (multiple of 40 ms).")] = 640,
-    left_chunks: Annotated[int, typer.Option(help="Attention context, in chunks.")] = 4,
+    model: AsrModelName = "default",
+    chunk_ms: ChunkMs = 640,
+    left_chunks: LeftChunks = 4,
     beam: Annotated[int, typer.Option(help="CTC prefix beam width; 0 decodes greedily.")] = 0,
     limit: Annotated[int | None, typer.Option(help="At most this many utterances.")] = None,
     pocketsphinx: Annotated[bool, typer.Option(help="Also run pocketsphinx.")] = True,
     backend: Annotated[str, typer.Option(help=BACKEND_HELP)] = "auto",
-    json_path: Annotated[Path | None, typer.Option("--json", help="Also write JSON here.")] = None,
+    json_path: JsonReport = None,
 ) -> None:
     """WER and real-time factor (1 and 2 threads) per group, next to pocketsphinx."""
     from rich.progress import Progress
@@ -724,14 +731,14 @@ def bench_asr_command(
 @user_errors
 def bench_backends_command(
     manifest: Annotated[Path, typer.Option(help="JSON Lines: audio, text, optional group.")],
-    model: Annotated[str, typer.Option(help="'default' (bundled) or a model file.")] = "default",
-    chunk_ms: Annotated[int, typer.Option(help="Streaming chunk (multiple of 40 ms).")] = 640,
-    left_chunks: Annotated[int, typer.Option(help="Attention context, in chunks.")] = 4,
+    model: AsrModelName = "default",
+    chunk_ms: ChunkMs = 640,
+    left_chunks: LeftChunks = 4,
     limit: Annotated[int | None, typer.Option(help="At most this many utterances.")] = None,
     backends: Annotated[
         str, typer.Option(help="Comma-separated: torch, accelerator, onnx-float32/16, onnx-int8.")
     ] = "torch,accelerator,onnx-float32,onnx-float16,onnx-int8",
-    json_path: Annotated[Path | None, typer.Option("--json", help="Also write JSON here.")] = None,
+    json_path: JsonReport = None,
 ) -> None:
     """WER, RTF (1 and 2 threads) and peak memory of every backend, each in its own process."""
     from rich.table import Table
@@ -767,8 +774,8 @@ def bench_subsampling_command(
     model: Annotated[
         str, typer.Option(help="Model whose shape to use ('default' or a file).")
     ] = "default",
-    chunk_ms: Annotated[int, typer.Option(help="Streaming chunk (multiple of 40 ms).")] = 640,
-    json_path: Annotated[Path | None, typer.Option("--json", help="Also write JSON here.")] = None,
+    chunk_ms: ChunkMs = 640,
+    json_path: JsonReport = None,
 ) -> None:
     """Share of compute and latency in the subsampling: depthwise separable vs Conv2d."""
     from rich.table import Table
@@ -797,10 +804,10 @@ def bench_subsampling_command(
 @user_errors
 def export_asr_command(
     out: Annotated[Path, typer.Option(help="Folder for the .onnx files.")],
-    model: Annotated[str, typer.Option(help="'default' (bundled) or a model file.")] = "default",
+    model: AsrModelName = "default",
     format_: Annotated[str, typer.Option("--format", help="Export format: onnx.")] = "onnx",
-    chunk_ms: Annotated[int, typer.Option(help="Streaming chunk (multiple of 40 ms).")] = 640,
-    left_chunks: Annotated[int, typer.Option(help="Attention context, in chunks.")] = 4,
+    chunk_ms: ChunkMs = 640,
+    left_chunks: LeftChunks = 4,
     fp16: Annotated[bool, typer.Option("--fp16", help="Also a float16 model.")] = False,
     int8: Annotated[bool, typer.Option("--int8", help="Also an int8 (dynamic) model.")] = False,
 ) -> None:
@@ -828,7 +835,7 @@ def export_asr_command(
 @numerics_app.command("report")
 @user_errors
 def numerics_report_command(
-    json_path: Annotated[Path | None, typer.Option("--json", help="Also write JSON here.")] = None,
+    json_path: JsonReport = None,
     seed: Annotated[int, typer.Option(help="Seed of the adversarial suite.")] = 0,
 ) -> None:
     """Overflow rate and relative error per format and pre-normalizer on adversarial inputs."""
@@ -852,7 +859,7 @@ def assist(
         Path | None, typer.Option(help="Stream weights for --method ss (default: bundled).")
     ] = None,
     max_new_tokens: Annotated[int, typer.Option(help="Upper bound on answer tokens.")] = 128,
-    chunk_ms: Annotated[int, typer.Option(help="Streaming chunk (multiple of 40 ms).")] = 640,
+    chunk_ms: ChunkMs = 640,
     compare: Annotated[
         bool, typer.Option(help="Also decode the answer with ar: speedup and exact match.")
     ] = True,
@@ -970,7 +977,7 @@ def numerics_activations_command(
     asr_model: Annotated[str, typer.Option(help="'default' or an ASR model file.")] = "default",
     llm: Annotated[str, typer.Option(help="Model name (smollm2) or local path.")] = "smollm2",
     max_new_tokens: Annotated[int, typer.Option(help="Tokens per float16 decode.")] = 32,
-    json_path: Annotated[Path | None, typer.Option("--json", help="Also write JSON here.")] = None,
+    json_path: JsonReport = None,
 ) -> None:
     """Norms on real activations (Conformer, SmolLM2) and SmolLM2 decoded in float16."""
     from rich.table import Table
