@@ -159,7 +159,15 @@ def test_cli_trains_under_torchrun_with_two_processes(tiny_corpus: Path, tmp_pat
     config.write_text(json.dumps({"model": TINY.to_dict(), "train": train}))
     out, export = tmp_path / "run", tmp_path / "model.safetensors"
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    launcher = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "-m"]
+    # --standalone: a free rendezvous port, so back-to-back runs cannot clash on 29500.
+    launcher = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node=2",
+        "-m",
+    ]
     command = [
         *launcher,
         "edgestream",
@@ -174,7 +182,7 @@ def test_cli_trains_under_torchrun_with_two_processes(tiny_corpus: Path, tmp_pat
         ),
     ]
     proc = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.returncode == 0, proc.stderr[:3000] + "\n...\n" + proc.stderr[-2000:]
     assert "2 processes" in proc.stderr and "dev WER" in proc.stderr
     assert load_model(export).model.config == TINY
 

@@ -85,6 +85,7 @@ def test_cli_trains_under_torchrun_with_two_processes(tiny_model_dir: Path, tmp_
             sys.executable,
             "-m",
             "torch.distributed.run",
+            "--standalone",  # a free rendezvous port: no clash with another run's default 29500
             "--nproc_per_node=2",
             "-m",
             "edgestream",
@@ -122,7 +123,7 @@ def test_cli_trains_under_torchrun_with_two_processes(tiny_model_dir: Path, tmp_
         timeout=300,
         env=env,
     )
-    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.returncode == 0, proc.stderr[:3000] + "\n...\n" + proc.stderr[-2000:]
     assert torch.load(out / "checkpoint.pt", weights_only=True)["step"] == 6
     with safe_open(str(out / "streams.safetensors"), framework="pt") as f:
         info = json.loads(f.metadata()["info"])
