@@ -40,7 +40,7 @@ app.add_typer(export_app, name="export")
 stderr = Console(stderr=True, highlight=False)
 
 # = edgestream.llm.methods.METHODS (+ bench.spec.REFERENCE_METHODS), here so --help needs no torch
-METHODS = ("ar", "ss", "pld")
+METHODS = ("ar", "ss", "pld", "medusa")
 BENCH_METHODS = (*METHODS, "hf-pld")
 BACKEND_HELP = (
     "torch, accelerator (the (B,C,1,S) graph), onnx (an exported .onnx model) or auto (by the "
@@ -105,6 +105,23 @@ class _TextStreamer:
         self.printed = len(text)
 
 
+MedusaHeadsPath = Annotated[
+    Path | None,
+    typer.Option(help="Medusa head weights for --method medusa (`edgestream train medusa`)."),
+]
+
+
+def _check_medusa_heads(methods: list[str], heads: Path | None) -> None:
+    """Before any model loads: Medusa has no bundled heads, so they must be given."""
+    if "medusa" in methods and heads is None:
+        raise ValueError(
+            "--method medusa needs heads: train them with `edgestream train medusa` "
+            "and pass --medusa PATH"
+        )
+    if heads is not None and not heads.is_file():
+        raise ValueError(f"--medusa {str(heads)!r}: no such file")
+
+
 @app.command()
 @user_errors
 def generate(
@@ -126,6 +143,7 @@ def generate(
     streams: Annotated[
         Path | None, typer.Option(help="Stream weights for --method ss (default: bundled).")
     ] = None,
+    medusa: MedusaHeadsPath = None,
     compare: Annotated[
         bool, typer.Option(help="Also decode with ar and report the speedup and exact match.")
     ] = False,
@@ -138,6 +156,7 @@ def generate(
 
     if method not in METHODS:
         raise ValueError(f"unknown method {method!r}: expected one of {', '.join(METHODS)}")
+    _check_medusa_heads([method], medusa)
     if not prompt.strip():
         raise ValueError("the prompt is empty")
     if max_new_tokens < 1:
@@ -148,7 +167,8 @@ def generate(
     _quiet_libraries()
 
     lm = load_language_model(model, dtype)
-    decode = make_decoder(method, lm, MethodOptions(sampling=sampling, streams_path=streams))
+    options = MethodOptions(sampling=sampling, streams_path=streams, medusa_path=medusa)
+    decode = make_decoder(method, lm, options)
     prompt_ids = lm.encode_prompt(prompt, chat)
     streamer = None if json_output else _TextStreamer(lm.decode)
     result = decode(prompt_ids, max_new_tokens, streamer)
@@ -296,6 +316,7 @@ def bench_spec_command(
     dtype: Annotated[str, typer.Option(help="float32 or bfloat16.")] = "float32",
     threads: Annotated[int, typer.Option(help="CPU threads.")] = 2,
     streams: Annotated[Path | None, typer.Option(help="Stream weights for ss.")] = None,
+    medusa: MedusaHeadsPath = None,
     pld_tokens: Annotated[int, typer.Option(help="Longest prompt-lookup draft (pld).")] = 10,
     data: Annotated[
         Path | None, typer.Option(help="Shared data folder (for --suite tasks).")
@@ -313,9 +334,10 @@ def bench_spec_command(
         task_suite,
     )
     from edgestream.llm.loading import load_language_model, parse_dtype
-    from edgestream.llm.methods import MethodOptions, make_decoder
+    from edgestream.llm.methods import MethodOptions, extra_parameters, make_decoder
 
     names = _split_methods(methods)
+    _check_medusa_heads(names, medusa)
     parse_dtype(dtype)
     if (prompts is None) == (suite is None):
         raise ValueError("give exactly one of --prompts FILE or --suite tasks")
@@ -329,7 +351,7 @@ def bench_spec_command(
     lm = load_language_model(model, dtype)
     if pld_tokens < 1:
         raise ValueError(f"--pld-tokens must be at least 1, got {pld_tokens}")
-    options = MethodOptions(streams_path=streams, pld_tokens=pld_tokens)
+    options = MethodOptions(streams_path=streams, medusa_path=medusa, pld_tokens=pld_tokens)
     decoders = {
         name: hf_prompt_lookup_decoder(lm, pld_tokens)
         if name == "hf-pld"
@@ -346,6 +368,9 @@ def bench_spec_command(
             threads,
             lambda done, _total: bar.update(task, completed=done),
         )
+    for name in names:
+        if name in report["methods"] and name != "hf-pld":
+            report["methods"][name]["extra_parameters"] = extra_parameters(name, lm, options)
     table = Table(title=f"{model}, {dtype}, {threads} threads, <= {max_new_tokens} new tokens")
     for column in ("method", "category", "tok/s", "speedup", "accepted/pass", "calls", "exact"):
         table.add_column(column, justify="right")
@@ -368,61 +393,48 @@ def bench_spec_command(
         json_path.write_text(json.dumps(report, indent=2) + "\n")
 
 
-@train_app.command("streams")
-@user_errors
-def train_streams_command(
-    mode: Annotated[str, typer.Option(help="lossless (base frozen).")] = "lossless",
-    model: Annotated[str, typer.Option(help="Model name (smollm2) or local path.")] = "smollm2",
-    data: Annotated[Path | None, typer.Option(help="Shared data folder.")] = None,
-    prompts: Annotated[
-        Path | None, typer.Option(help="Text file of prompts, one per line (instead of tasks).")
-    ] = None,
-    out: Annotated[Path, typer.Option(help="Run folder: distilled data, checkpoints.")] = Path(
-        "runs/streams-lossless"
-    ),
-    export: Annotated[Path | None, typer.Option(help="Write final stream weights here.")] = None,
-    prompts_per_task: Annotated[int, typer.Option(help="Distillation prompts per task.")] = 300,
-    max_new_tokens: Annotated[int, typer.Option(help="Distilled answer length.")] = 128,
-    streams: Annotated[int, typer.Option(help="gamma: speculative streams.")] = 4,
-    stream_layers: Annotated[int, typer.Option(help="N_s: MSA layers at the top.")] = 4,
-    capture_layers: Annotated[
-        int, typer.Option(help="Top layers re-run in training (>= N_s); fixes the distilled data.")
-    ] = 10,
-    adapter_rank: Annotated[
-        int, typer.Option(help="Stream adapter rank (0: embeddings only).")
-    ] = 16,
-    next_token_rank: Annotated[
-        int, typer.Option(help="Rank of the next-token input map (0: off).")
-    ] = 16,
-    draft_vocab: Annotated[
-        int, typer.Option(help="Draft among the N most frequent answer tokens (0: all).")
-    ] = 8192,
-    steps: Annotated[int, typer.Option(help="Optimizer steps.")] = 2000,
-    batch: Annotated[int, typer.Option(help="Sequences per step (per process).")] = 4,
-    positions: Annotated[int, typer.Option(help="Trained positions per sequence.")] = 128,
-    lr: Annotated[float, typer.Option(help="Peak learning rate.")] = 2e-3,
-    threads: Annotated[int | None, typer.Option(help="CPU threads per process.")] = None,
-) -> None:
-    """Distil the base model's own answers, then train the speculative streams on them."""
+DistillPrompts = Annotated[
+    Path | None, typer.Option(help="Text file of prompts, one per line (instead of tasks).")
+]
+PromptsPerTask = Annotated[int, typer.Option(help="Distillation prompts per task.")]
+DistilledLength = Annotated[int, typer.Option(help="Distilled answer length.")]
+CaptureLayers = Annotated[
+    int, typer.Option(help="Top layers re-run in training (>= N_s); fixes the distilled data.")
+]
+DraftVocab = Annotated[
+    int, typer.Option(help="Draft among the N most frequent answer tokens (0: all).")
+]
+TrainSteps = Annotated[int, typer.Option(help="Optimizer steps.")]
+TrainBatch = Annotated[int, typer.Option(help="Sequences per step (per process).")]
+TrainPositions = Annotated[int, typer.Option(help="Trained positions per sequence.")]
+Threads = Annotated[int | None, typer.Option(help="CPU threads per process.")]
+
+
+def _train_drafter(
+    kind: str,
+    model: str,
+    data: Path | None,
+    prompts: Path | None,
+    distill_dir: Path,
+    prompts_per_task: int,
+    max_new_tokens: int,
+    capture_layers: int,
+    config: object,
+    threads: int | None,
+    train: Callable[..., object],
+) -> tuple[object, dict] | None:
+    """Distil the base model's answers (resumable), then `train(base, records, captured_at,
+    report)`; returns what train returned and how it was trained (None on ranks other than 0).
+    Shared by the streams and the Medusa heads, so both learn from the same data the same way."""
     import time
 
     from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
     from edgestream.llm.distill import distill, load_shards
     from edgestream.llm.loading import load_language_model
-    from edgestream.llm.msa import StreamConfig, save_streams
     from edgestream.llm.tasks import TaskPrompt, task_mix
-    from edgestream.llm.train import TrainConfig, train_streams
     from edgestream.training import distributed_context
 
-    if mode != "lossless":
-        raise ValueError(f"unknown mode {mode!r}: only 'lossless' is implemented so far")
-    stream_config = StreamConfig(streams, stream_layers, adapter_rank, next_token_rank, draft_vocab)
-    config = TrainConfig(
-        steps=steps, batch_sequences=batch, positions_per_sequence=positions, lr=lr
-    )
-    if not stream_layers <= capture_layers:
-        raise ValueError(f"--capture-layers ({capture_layers}) must be >= --stream-layers")
     if prompts is not None:
         lines = _read_prompts(prompts)
         train_prompts = [TaskPrompt("custom", str(i), line) for i, line in enumerate(lines)]
@@ -431,7 +443,7 @@ def train_streams_command(
     _set_threads(threads)
     _quiet_libraries()
     rank, world = distributed_context()
-    # The frozen base runs in bfloat16 for data and training: ~2x faster here, and streams
+    # The frozen base runs in bfloat16 for data and training: ~2x faster here, and drafters
     # trained so serve float32 decoding equally (argmax agreement, measured in the bench).
     lm = load_language_model(model, "bfloat16")
     captured_at = lm.model.config.n_layers - capture_layers
@@ -447,7 +459,7 @@ def train_streams_command(
         shards = distill(
             lm,
             train_prompts,
-            out / f"distill-at-{captured_at}",
+            distill_dir / f"distill-at-{captured_at}",
             captured_at,
             max_new_tokens,
             progress=lambda i, n: bar.update(task, completed=i, total=n),
@@ -464,29 +476,144 @@ def train_streams_command(
 
         def report(step: int, loss: float, accuracy: list[float]) -> None:
             acc = " ".join(f"{a:.2f}" for a in accuracy)
-            info = f"loss {loss:.3f}  top-1 per stream {acc}"
+            info = f"loss {loss:.3f}  top-1 per {kind} {acc}"
             bar.update(task, completed=step, info=info)
             if step % 50 == 0:  # a lasting record, also when stderr is a log file
                 bar.console.print(
                     f"step {step}/{config.steps}  {info}  {time.time() - started:.0f} s"
                 )
 
-        trained = train_streams(
-            base, records, captured_at, stream_config, config, out, model, report
-        )
+        trained = train(base, records, captured_at, report)
     if rank != 0:
-        return
-    info = {
+        return None
+    return trained, {
         "model": model,
-        "mode": mode,
         "sequences": len(records),
         "processes": world,
         "train_config": config.__dict__,
         "wall_seconds": round(time.time() - started),
     }
+
+
+@train_app.command("streams")
+@user_errors
+def train_streams_command(
+    mode: Annotated[str, typer.Option(help="lossless (base frozen).")] = "lossless",
+    model: Annotated[str, typer.Option(help="Model name (smollm2) or local path.")] = "smollm2",
+    data: Annotated[Path | None, typer.Option(help="Shared data folder.")] = None,
+    prompts: DistillPrompts = None,
+    out: Annotated[Path, typer.Option(help="Run folder: distilled data, checkpoints.")] = Path(
+        "runs/streams-lossless"
+    ),
+    export: Annotated[Path | None, typer.Option(help="Write final stream weights here.")] = None,
+    prompts_per_task: PromptsPerTask = 300,
+    max_new_tokens: DistilledLength = 128,
+    streams: Annotated[int, typer.Option(help="gamma: speculative streams.")] = 4,
+    stream_layers: Annotated[int, typer.Option(help="N_s: MSA layers at the top.")] = 4,
+    capture_layers: CaptureLayers = 10,
+    adapter_rank: Annotated[
+        int, typer.Option(help="Stream adapter rank (0: embeddings only).")
+    ] = 16,
+    next_token_rank: Annotated[
+        int, typer.Option(help="Rank of the next-token input map (0: off).")
+    ] = 16,
+    draft_vocab: DraftVocab = 8192,
+    steps: TrainSteps = 2000,
+    batch: TrainBatch = 4,
+    positions: TrainPositions = 128,
+    lr: Annotated[float, typer.Option(help="Peak learning rate.")] = 2e-3,
+    threads: Threads = None,
+) -> None:
+    """Distil the base model's own answers, then train the speculative streams on them."""
+    from edgestream.llm.msa import StreamConfig, save_streams
+    from edgestream.llm.train import TrainConfig, train_streams
+
+    if mode != "lossless":
+        raise ValueError(f"unknown mode {mode!r}: only 'lossless' is implemented so far")
+    stream_config = StreamConfig(streams, stream_layers, adapter_rank, next_token_rank, draft_vocab)
+    config = TrainConfig(
+        steps=steps, batch_sequences=batch, positions_per_sequence=positions, lr=lr
+    )
+    if not stream_layers <= capture_layers:
+        raise ValueError(f"--capture-layers ({capture_layers}) must be >= --stream-layers")
+    result = _train_drafter(
+        "stream",
+        model,
+        data,
+        prompts,
+        out,
+        prompts_per_task,
+        max_new_tokens,
+        capture_layers,
+        config,
+        threads,
+        lambda base, records, at, report: train_streams(
+            base, records, at, stream_config, config, out, model, report
+        ),
+    )
+    if result is None:
+        return
+    trained, info = result
     target = export or out / "streams.safetensors"
-    save_streams(trained, target, info)
+    save_streams(trained, target, {**info, "mode": mode})
     stderr.print(f"stream weights: {target} ({trained.extra_parameters():,} parameters)")
+
+
+@train_app.command("medusa")
+@user_errors
+def train_medusa_command(
+    model: Annotated[str, typer.Option(help="Model name (smollm2) or local path.")] = "smollm2",
+    data: Annotated[Path | None, typer.Option(help="Shared data folder.")] = None,
+    prompts: DistillPrompts = None,
+    out: Annotated[Path, typer.Option(help="Run folder: checkpoints.")] = Path("runs/medusa"),
+    distilled: Annotated[
+        Path | None,
+        typer.Option(
+            help="Run folder whose distilled data to reuse (e.g. the streams' run, for the "
+            "same data); default: distil into --out."
+        ),
+    ] = None,
+    export: Annotated[Path | None, typer.Option(help="Write final head weights here.")] = None,
+    prompts_per_task: PromptsPerTask = 300,
+    max_new_tokens: DistilledLength = 128,
+    heads: Annotated[int, typer.Option(help="Medusa heads (draft depth).")] = 4,
+    capture_layers: CaptureLayers = 10,
+    draft_vocab: DraftVocab = 8192,
+    steps: TrainSteps = 2000,
+    batch: TrainBatch = 4,
+    positions: TrainPositions = 128,
+    lr: Annotated[float, typer.Option(help="Peak learning rate.")] = 1e-3,
+    threads: Threads = None,
+) -> None:
+    """Train Medusa-1 heads (the baseline) on the same self-distilled data as the streams."""
+    from edgestream.llm.medusa import MedusaConfig, save_medusa, train_medusa
+    from edgestream.llm.train import TrainConfig
+
+    medusa_config = MedusaConfig(heads, draft_vocab)
+    config = TrainConfig(
+        steps=steps, batch_sequences=batch, positions_per_sequence=positions, lr=lr
+    )
+    result = _train_drafter(
+        "head",
+        model,
+        data,
+        prompts,
+        distilled or out,
+        prompts_per_task,
+        max_new_tokens,
+        capture_layers,
+        config,
+        threads,
+        lambda base, records, at, report: train_medusa(
+            base, records, at, medusa_config, config, out, model, report
+        ),
+    )
+    if result is None:
+        return
+    trained, info = result
+    target = export or out / "medusa.safetensors"
+    save_medusa(trained, target, {**info, "full_vocab_parameters": trained.full_vocab_parameters()})
+    stderr.print(f"Medusa heads: {target} ({trained.extra_parameters():,} parameters)")
 
 
 @asr_app.command("synth")

@@ -74,7 +74,9 @@ def _bad_input_cases(tiny: Path, tmp: Path) -> list[tuple[list[str], str]]:
         (["generate", "hi", "--model", str(tmp / "missing.gguf")], "does not exist"),
         (["generate", "hi", "--model", str(bert)], "holds a 'bert' model"),
         (["generate", "hi", "--max-new-tokens", "0"], "--max-new-tokens must be at least 1"),
-        (["generate", "hi", "--method", "medusa"], "unknown method 'medusa'"),
+        (["generate", "hi", "--method", "lookahead"], "unknown method 'lookahead'"),
+        (["generate", "hi", "--method", "medusa"], "--method medusa needs heads"),
+        (["generate", "hi", "--method", "medusa", "--medusa", str(tmp / "no.st")], "no such file"),
         (["generate", "hi", "--dtype", "float16"], "unknown dtype 'float16'"),
         (["generate", "hi", "--temperature", "-1"], "temperature must be >= 0"),
         (["generate", long_prompt, "--model", str(tiny), "--no-chat"], "model's context is 96"),
@@ -120,3 +122,13 @@ def test_cli_method_list_is_the_engines() -> None:
 
     assert CLI_METHODS == ENGINE_METHODS
     assert (*ENGINE_METHODS, *REFERENCE_METHODS) == BENCH_METHODS
+
+
+def test_sampled_speculative_output_matches_ar_with_the_same_seed(tiny_model_dir: Path) -> None:
+    args = ["generate", "the quick brown fox jumps over the lazy dog, the quick brown"]
+    args += ["--model", str(tiny_model_dir), "--method", "pld", "--max-new-tokens", "24"]
+    args += ["--temperature", "0.9", "--seed", "3", "--compare", "--json", "--no-chat"]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    record = json.loads(result.stdout)
+    assert record["exact_match_vs_ar"] is True and record["new_tokens"] > 0

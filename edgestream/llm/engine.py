@@ -4,9 +4,9 @@
 default, temperature and nucleus (top-p) sampling with a seeded generator when asked.
 
 `generate_ss` runs one pass per draft tree: the pass verifies the tree drafted by the previous
-pass (the main stream's greedy choice at each node) and, through the speculative streams at
-every node, drafts the next tree from the last accepted node. Every emitted token is the base
-model's own greedy choice, so the output equals `generate_ar`'s.
+pass (the main stream's choice at each node) and the speculative streams draft the next tree
+from the last accepted node. Every emitted token is the base model's own choice (greedy, or
+sampled from its distribution), so the output is `generate_ar`'s.
 
 Both count forward passes, so mean accepted tokens per pass compare on the same footing.
 """
@@ -22,7 +22,7 @@ from torch import Tensor
 
 from edgestream.llm.model import Transformer
 from edgestream.llm.msa import DraftHead, SpeculativeStreams, ss_forward, stream_pass
-from edgestream.llm.tree import TreeShape, accept_greedy, build_tree, tree_mask
+from edgestream.llm.tree import DraftTree, TreeShape, accept, build_tree, tree_mask
 
 TokenCallback = Callable[[int], None]
 
@@ -65,6 +65,18 @@ class TokenPicker:
         if self.sampling.top_p < 1:
             probs = _top_p_filter(probs, self.sampling.top_p)
         return int(torch.multinomial(probs, 1, generator=self.generator))
+
+    def accept(self, tree: DraftTree, logits: Tensor) -> tuple[list[int], int]:
+        """The accepted path through a verified tree and the token after it (`tree.accept`).
+
+        logits (T, vocab): the base model's logits after every node. Greedy takes every
+        node's argmax in one host sync; sampling draws only at the nodes on the path, one
+        draw per emitted token in order, exactly as `generate_ar` draws them, so with the
+        same seed the output is the same sequence (up to float rounding of the logits).
+        """
+        if self.sampling.greedy:
+            return accept(tree, logits.argmax(-1).tolist().__getitem__)
+        return accept(tree, lambda node: self(logits[node]))
 
 
 def _top_p_filter(probs: Tensor, top_p: float) -> Tensor:
@@ -184,8 +196,10 @@ def generate_ss(
     on_token: TokenCallback | None = None,
     placement: str = "accepted",
     head: DraftHead | None = None,
+    sampling: Sampling = Sampling(),
 ) -> GenerationResult:
-    """Greedy Speculative Streaming decoding; the output equals `generate_ar`'s greedy output.
+    """Speculative Streaming decoding; the output is `generate_ar`'s: token for token when
+    greedy, the same distribution when sampling (the same tokens for the same seed).
 
     placement "all" is the paper's layout: streams run at every tree node inside the
     verification pass and the last accepted node's drafts are kept. "accepted" runs the
@@ -199,6 +213,7 @@ def generate_ss(
     in_pass = placement == "all"
     budget = check_request(prompt_ids, max_new_tokens, model.config.max_position)
     out = Emitter(budget, stop_ids, on_token)
+    pick = TokenPicker(sampling)
     k = max(shape.top_k)
     start = time.perf_counter()
     head = head or DraftHead(model, streams)
@@ -207,7 +222,7 @@ def generate_ss(
     nodes = torch.tensor([P - 1]) if in_pass else torch.zeros(0, dtype=torch.long)
     step = ss_forward(model, streams, torch.tensor([prompt_ids]), cache, stream_nodes=nodes)
     passes = 1
-    root = int(step.main_logits[0, -1].argmax())  # host sync: the root decides the tree
+    root = pick(step.main_logits[0, -1])  # host sync: the root decides the tree
     if in_pass:
         drafts = step.stream_hidden[0, 0]
     else:
@@ -230,12 +245,10 @@ def generate_ss(
             stream_nodes=None if in_pass else torch.zeros(0, dtype=torch.long),
         )
         passes += 1
-        greedy_next = step.main_logits[0].argmax(-1).tolist()  # host sync, once per pass
-        path = accept_greedy(tree, greedy_next)
+        path, root = pick.accept(tree, step.main_logits[0])
         last = path[-1]
-        out.emit([tree.tokens[n] for n in path[1:]] + [greedy_next[last]])
+        out.emit([tree.tokens[n] for n in path[1:]] + [root])
         cache.compact(prefix + torch.tensor(path), prefix)
-        root = greedy_next[last]
         if out.done:
             break
         if in_pass:

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from edgestream.llm.baselines import generate_pld
+from edgestream.llm.baselines import generate_medusa, generate_pld
 from edgestream.llm.engine import (
     GenerationResult,
     Sampling,
@@ -19,10 +19,11 @@ from edgestream.llm.engine import (
     generate_ss,
 )
 from edgestream.llm.loading import LanguageModel
+from edgestream.llm.medusa import load_medusa
 from edgestream.llm.msa import DraftHead, SpeculativeStreams, load_streams
 from edgestream.llm.tree import TreeShape
 
-METHODS = ("ar", "ss", "pld")
+METHODS = ("ar", "ss", "pld", "medusa")
 WEIGHTS_DIR = Path(__file__).parent / "weights"
 BUNDLED_STREAMS = {"smollm2": WEIGHTS_DIR / "smollm2-ss-lossless.safetensors"}
 
@@ -33,6 +34,7 @@ Decoder = Callable[[list[int], int, TokenCallback | None], GenerationResult]
 class MethodOptions:
     sampling: Sampling = field(default_factory=Sampling)
     streams_path: Path | None = None  # default: the bundled streams of the model, if any
+    medusa_path: Path | None = None  # Medusa heads (`edgestream train medusa`); none bundled
     tree: TreeShape = field(default_factory=TreeShape)
     pld_tokens: int = 10  # prompt lookup: longest draft
     pld_ngram: int = 3  # prompt lookup: longest n-gram matched
@@ -57,20 +59,34 @@ def make_decoder(
     """A ready-to-call decoder; loads whatever the method needs (e.g. stream weights) now."""
     if method not in METHODS:
         raise ValueError(f"unknown method {method!r}: expected one of {', '.join(METHODS)}")
-    stop = lm.stop_ids
+    stop, sampling, tree = lm.stop_ids, options.sampling, options.tree
     if method == "ar":
-        return lambda ids, n, cb: generate_ar(lm.model, ids, n, stop, options.sampling, cb)
-    if not options.sampling.greedy:
-        raise ValueError(
-            f"--method {method} decodes greedily for now: sampling (temperature > 0) needs "
-            "speculative sampling, not yet implemented; use --method ar"
-        )
+        return lambda ids, n, cb: generate_ar(lm.model, ids, n, stop, sampling, cb)
     if method == "pld":
         return lambda ids, n, cb: generate_pld(
-            lm.model, ids, n, stop, options.pld_tokens, options.pld_ngram, cb
+            lm.model, ids, n, stop, options.pld_tokens, options.pld_ngram, cb, sampling
         )
+    if method == "medusa":
+        if options.medusa_path is None:
+            raise ValueError(
+                "--method medusa needs heads: train them with `edgestream train medusa` "
+                "and pass --medusa PATH"
+            )
+        heads, _ = load_medusa(options.medusa_path, lm.model)
+        return lambda ids, n, cb: generate_medusa(lm.model, heads, ids, n, stop, tree, cb, sampling)
     streams, _ = resolve_streams(lm, options.streams_path)
     head = DraftHead(lm.model, streams)
     return lambda ids, n, cb: generate_ss(
-        lm.model, streams, ids, n, stop, options.tree, cb, head=head
+        lm.model, streams, ids, n, stop, tree, cb, head=head, sampling=sampling
     )
+
+
+def extra_parameters(method: str, lm: LanguageModel, options: MethodOptions) -> dict[str, int]:
+    """Parameters a method adds to the base model: {"stored": ...} and, for Medusa, what the
+    original's full-vocabulary heads would hold ({"full_vocab": ...})."""
+    if method == "ss":
+        return {"stored": resolve_streams(lm, options.streams_path)[0].extra_parameters()}
+    if method == "medusa" and options.medusa_path is not None:
+        heads, _ = load_medusa(options.medusa_path, lm.model)
+        return {"stored": heads.extra_parameters(), "full_vocab": heads.full_vocab_parameters()}
+    return {"stored": 0}

@@ -14,7 +14,6 @@ the stream rows through the same weights while they are still hot in the CPU cac
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -30,6 +29,7 @@ from edgestream.llm.model import (
     apply_rotary,
     can_pack_weights,
 )
+from edgestream.llm.weights_file import load_into, read_weights, save_weights
 
 
 @dataclass(frozen=True)
@@ -347,34 +347,16 @@ def stream_pass(
 
 def save_streams(streams: SpeculativeStreams, path: Path, info: dict[str, object]) -> None:
     """Write stream weights as safetensors, with their config and `info` (JSON) as metadata."""
-    from safetensors.torch import save_file
-
-    metadata = {"stream_config": json.dumps(streams.config.to_dict()), "info": json.dumps(info)}
-    tensors = {k: v.detach().float().contiguous() for k, v in streams.state_dict().items()}
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    save_file(tensors, str(tmp), metadata=metadata)
-    tmp.replace(path)
+    save_weights(streams, path, "stream_config", streams.config.to_dict(), info)
 
 
 def load_streams(path: Path, model: Transformer) -> tuple[SpeculativeStreams, dict[str, object]]:
     """Streams saved by `save_streams`, in the model's dtype, plus their `info` metadata."""
-    from safetensors import SafetensorError, safe_open
-
-    if not path.is_file():
-        raise FileNotFoundError(f"stream weights {str(path)!r} do not exist")
+    tensors, settings, info = read_weights(path, "stream_config", "stream weights")
     try:
-        with safe_open(str(path), framework="pt") as f:
-            metadata = f.metadata() or {}
-            tensors = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 (not a dict)
-        config = StreamConfig(**json.loads(metadata["stream_config"]))
-    except (SafetensorError, KeyError, json.JSONDecodeError, TypeError) as err:
+        config = StreamConfig(**settings)
+    except TypeError as err:
         raise ValueError(f"{path} is not a stream weights file: {err}") from err
     streams = SpeculativeStreams(model.config, config)
-    try:
-        streams.load_state_dict(tensors)
-    except RuntimeError as err:
-        raise ValueError(f"{path} does not fit this model: {str(err).splitlines()[0]}") from err
-    return streams.to(model.dtype).eval().requires_grad_(False), json.loads(
-        metadata.get("info", "{}")
-    )
+    load_into(streams, tensors, path)
+    return streams.to(model.dtype).eval().requires_grad_(False), info

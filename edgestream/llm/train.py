@@ -84,6 +84,14 @@ def make_batch(records: list[dict], config: TrainConfig, gamma: int, rng: random
     return Batch(hidden, tokens, positions, targets)
 
 
+def draft_targets(token_targets: Tensor, target_index: Tensor) -> tuple[Tensor, Tensor]:
+    """Token ids -> rows of a draft LM head (IGNORE where unlabelled or outside its vocabulary),
+    and the mask of labelled entries."""
+    labelled = token_targets != IGNORE
+    targets = torch.where(labelled, target_index[token_targets.clamp(min=0)], IGNORE)
+    return targets, targets != IGNORE
+
+
 class StreamObjective(nn.Module):
     """The training forward pass; a module so DistributedDataParallel can wrap it."""
 
@@ -142,9 +150,7 @@ class StreamObjective(nn.Module):
             .float()
             .view(B, -1, gamma, len(self.head_weight))
         )
-        labelled = batch.targets != IGNORE
-        targets = torch.where(labelled, self.target_index[batch.targets.clamp(min=0)], IGNORE)
-        labelled = targets != IGNORE
+        targets, labelled = draft_targets(batch.targets, self.target_index)
         per_stream = [
             F.cross_entropy(
                 logits[:, :, j].flatten(0, 1),
@@ -218,48 +224,81 @@ def train_streams(
     progress: ProgressFn | None = None,
 ) -> SpeculativeStreams:
     """Train (or resume training) streams; writes out_dir/checkpoint.pt as it goes."""
-    rank, world = distributed_context()
     if not records:
         raise ValueError("no training sequences")
     torch.manual_seed(config.seed)  # identical initial streams on every rank
     streams = SpeculativeStreams(model.config, stream_config)
     if stream_config.draft_vocab_size:
         streams.draft_vocab.copy_(frequent_answer_tokens(records, stream_config.draft_vocab_size))
-    optimizer = torch.optim.AdamW(streams.parameters(), lr=config.lr, weight_decay=0.0)
+    if captured_at < streams.split:
+        records = advance_states(model, records, captured_at, streams.split)
+        captured_at = streams.split
+    objective = StreamObjective(model.requires_grad_(False), streams, captured_at)
+    fit(
+        objective,
+        streams,
+        lambda module, batch: module(batch, config.stream_weight),
+        records,
+        stream_config.to_dict(),
+        stream_config.n_streams,
+        config,
+        out_dir,
+        model_name,
+        progress,
+    )
+    return streams
+
+
+def fit(
+    objective: nn.Module,
+    trained: nn.Module,
+    call: Callable[[nn.Module, Batch], tuple[Tensor, Tensor, Tensor]],
+    records: list[dict],
+    settings: dict,
+    depth: int,
+    config: TrainConfig,
+    out_dir: Path,
+    model_name: str,
+    progress: ProgressFn | None,
+) -> None:
+    """The optimisation loop both drafters share: AdamW with warm-up and cosine decay, DDP when
+    launched by torchrun, atomic checkpoints in out_dir/checkpoint.pt, resumed when present.
+
+    `trained` holds the parameters (and is what the checkpoint stores); `call(module, batch)`
+    runs `objective` (or its DDP wrapper) on a batch and returns (loss, hits, labelled) per
+    draft depth; `settings` must match a checkpoint's for it to be resumed.
+    """
+    rank, world = distributed_context()
+    optimizer = torch.optim.AdamW(trained.parameters(), lr=config.lr, weight_decay=0.0)
     checkpoint = out_dir / "checkpoint.pt"
     step = 0
     if checkpoint.exists():
         state = torch.load(checkpoint, weights_only=True)
-        if state["stream_config"] != stream_config.to_dict():
+        if state.get("settings") != settings:
             raise ValueError(
-                f"{checkpoint} was trained with {state['stream_config']}, not these settings"
+                f"{checkpoint} was trained with {state.get('settings')}, not {settings}: "
+                "choose another run folder"
             )
-        streams.load_state_dict(state["streams"])
+        trained.load_state_dict(state["weights"])
         optimizer.load_state_dict(state["optimizer"])
         step = state["step"]
-    if captured_at < streams.split:
-        records = advance_states(model, records, captured_at, streams.split)
-        captured_at = streams.split
-    objective: nn.Module = StreamObjective(model.requires_grad_(False), streams, captured_at)
+    module: nn.Module = objective
     if world > 1:
         # Buffers (RoPE tables, the draft head) are identical everywhere: no need to resend.
-        objective = nn.parallel.DistributedDataParallel(objective, broadcast_buffers=False)
+        module = nn.parallel.DistributedDataParallel(objective, broadcast_buffers=False)
     mine = records[rank::world]
     rng = random.Random(config.seed * 1000 + rank * 7919 + step)
     out_dir.mkdir(parents=True, exist_ok=True)
     while step < config.steps:
         batch = make_batch(
-            rng.sample(mine, min(config.batch_sequences, len(mine))),
-            config,
-            stream_config.n_streams,
-            rng,
+            rng.sample(mine, min(config.batch_sequences, len(mine))), config, depth, rng
         )
         for group in optimizer.param_groups:
             group["lr"] = _lr_at(step, config)
-        loss, hits, labelled = objective(batch, config.stream_weight)
+        loss, hits, labelled = call(module, batch)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(streams.parameters(), 1.0)
+        torch.nn.utils.clip_grad_norm_(trained.parameters(), 1.0)
         optimizer.step()
         step += 1
         if progress is not None and rank == 0:
@@ -267,13 +306,12 @@ def train_streams(
         if rank == 0 and (step % config.checkpoint_every == 0 or step == config.steps):
             save_atomic(
                 {
-                    "streams": streams.state_dict(),
+                    "weights": trained.state_dict(),
                     "optimizer": optimizer.state_dict(),
                     "step": step,
-                    "stream_config": stream_config.to_dict(),
+                    "settings": settings,
                     "train_config": asdict(config),
                     "model": model_name,
                 },
                 checkpoint,
             )
-    return streams

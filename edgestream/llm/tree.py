@@ -1,4 +1,4 @@
-"""Draft trees: building them from stream candidates, their attention mask, greedy acceptance.
+"""Draft trees: building them from stream candidates, their attention mask, acceptance.
 
 A draft tree is flattened in breadth-first order; node 0 is the root, the token the main stream
 has already chosen (certain). Every node at depth n >= 1 holds one of the top candidates of
@@ -11,6 +11,7 @@ streams are. All metadata are small host-side lists plus tensors built once per 
 from __future__ import annotations
 
 import heapq
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -42,6 +43,11 @@ class DraftTree:
 
     def __len__(self) -> int:
         return len(self.tokens)
+
+    @classmethod
+    def chain(cls, tokens: list[int]) -> DraftTree:
+        """A tree without branches: each token follows the one before it (e.g. a lookup draft)."""
+        return cls(list(tokens), list(range(-1, len(tokens) - 1)), list(range(len(tokens))))
 
     def children(self) -> list[list[int]]:
         kids: list[list[int]] = [[] for _ in self.tokens]
@@ -110,19 +116,24 @@ def tree_mask(tree: DraftTree, prefix: int) -> Tensor:
     return mask
 
 
-def accept_greedy(tree: DraftTree, greedy_next: list[int]) -> list[int]:
-    """The longest root-to-node path whose every step matches the base model's greedy choice.
+def accept(tree: DraftTree, choose: Callable[[int], int]) -> tuple[list[int], int]:
+    """Walk the tree as the base model decodes: `choose(node)` is its next token after node
+    (greedy, or sampled from its distribution there); descend while a child holds that token.
 
-    greedy_next[i] is the main stream's argmax after node i. Returns node indices, root first.
+    Returns the accepted path (node indices, root first) and the token chosen after its last
+    node. Every emitted token is the base model's own choice given the tokens before it, so
+    greedy output is the autoregressive output, and sampled output has its distribution
+    (with deterministic drafts, sampling from the target and keeping the matching child is
+    exactly speculative sampling's acceptance rule).
 
-    >>> accept_greedy(DraftTree([1, 5, 6, 7], [-1, 0, 0, 1], [0, 1, 1, 2]), [6, 0, 9, 0])
-    [0, 2]
+    >>> accept(DraftTree([1, 5, 6, 7], [-1, 0, 0, 1], [0, 1, 1, 2]), [6, 0, 9, 0].__getitem__)
+    ([0, 2], 9)
     """
     kids = tree.children()
     path = [0]
     while True:
-        node = path[-1]
-        match = next((c for c in kids[node] if tree.tokens[c] == greedy_next[node]), None)
+        token = choose(path[-1])
+        match = next((c for c in kids[path[-1]] if tree.tokens[c] == token), None)
         if match is None:
-            return path
+            return path, token
         path.append(match)

@@ -18,7 +18,7 @@ from edgestream.llm.msa import (
     stream_mask,
     stream_pass,
 )
-from edgestream.llm.tree import DraftTree, TreeShape, accept_greedy, build_tree, tree_mask
+from edgestream.llm.tree import DraftTree, TreeShape, accept, build_tree, tree_mask
 from tests.conftest import tiny_llama
 
 
@@ -162,8 +162,8 @@ def test_tree_never_exceeds_the_depth_given() -> None:
 
 def test_acceptance_walks_the_matching_branch() -> None:
     tree = DraftTree([1, 5, 6, 7, 8], [-1, 0, 0, 2, 2], [0, 1, 1, 2, 2])
-    assert accept_greedy(tree, [6, 0, 8, 0, 3]) == [0, 2, 4]
-    assert accept_greedy(tree, [9, 0, 0, 0, 0]) == [0]
+    assert accept(tree, [6, 0, 8, 0, 3].__getitem__) == ([0, 2, 4], 3)
+    assert accept(tree, [9, 0, 0, 0, 0].__getitem__) == ([0], 9)
 
 
 def test_tree_mask_rows_are_ancestor_sets() -> None:
