@@ -6,7 +6,7 @@ PIP := $(BIN)/python -m pip --disable-pip-version-check --quiet
 # The stamp is keyed on the dependency files: change either and `make install` runs again.
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml requirements.lock | sha256sum | cut -c1-16)
 
-.PHONY: install demo test bench browser
+.PHONY: install demo test bench browser llamacpp
 
 install: $(STAMP)
 
@@ -31,6 +31,12 @@ test: install browser
 
 bench: install
 	$(BIN)/edgestream bench generate --json docs/bench-generate.json
+
+# Optional: llama.cpp as an outside reference in `bench spec --methods ...,llamacpp`. It
+# compiles from source (~6 minutes on 2 cores; needs a C++ compiler); without it that method
+# is skipped with a note.
+llamacpp: install
+	$(PIP) install llama-cpp-python==0.3.36
 
 # Debian's Chromium and ChromeDriver for the browser test, where this machine lets us install
 # them (root and a reachable Debian mirror); otherwise that one test is skipped and says why.

@@ -40,8 +40,8 @@ app.add_typer(export_app, name="export")
 stderr = Console(stderr=True, highlight=False)
 
 # = edgestream.llm.methods.METHODS (+ bench.spec.REFERENCE_METHODS), here so --help needs no torch
-METHODS = ("ar", "ss", "pld", "medusa")
-BENCH_METHODS = (*METHODS, "hf-pld")
+METHODS = ("ar", "ss", "pld", "medusa", "draft")
+BENCH_METHODS = (*METHODS, "hf-pld", "llamacpp")
 BACKEND_HELP = (
     "torch, accelerator (the (B,C,1,S) graph), onnx (an exported .onnx model) or auto (by the "
     "model file's suffix)."
@@ -105,21 +105,27 @@ class _TextStreamer:
         self.printed = len(text)
 
 
+DraftModelPath = Annotated[
+    Path | None,
+    typer.Option(help="Draft model weights for --method draft (`edgestream train draft`)."),
+]
 MedusaHeadsPath = Annotated[
     Path | None,
     typer.Option(help="Medusa head weights for --method medusa (`edgestream train medusa`)."),
 ]
 
 
-def _check_medusa_heads(methods: list[str], heads: Path | None) -> None:
-    """Before any model loads: Medusa has no bundled heads, so they must be given."""
-    if "medusa" in methods and heads is None:
-        raise ValueError(
-            "--method medusa needs heads: train them with `edgestream train medusa` "
-            "and pass --medusa PATH"
-        )
-    if heads is not None and not heads.is_file():
-        raise ValueError(f"--medusa {str(heads)!r}: no such file")
+def _check_baseline_weights(methods: list[str], medusa: Path | None, draft: Path | None) -> None:
+    """Before any model loads: the Medusa and draft baselines ship no weights, so the user's
+    must be given and exist."""
+    for name, path, what in (("medusa", medusa, "heads"), ("draft", draft, "a draft model")):
+        if name in methods and path is None:
+            raise ValueError(
+                f"--method {name} needs {what}: train with `edgestream train {name}` "
+                f"and pass --{name} PATH"
+            )
+        if path is not None and not path.is_file():
+            raise ValueError(f"--{name} {str(path)!r}: no such file")
 
 
 @app.command()
@@ -144,6 +150,7 @@ def generate(
         Path | None, typer.Option(help="Stream weights for --method ss (default: bundled).")
     ] = None,
     medusa: MedusaHeadsPath = None,
+    draft: DraftModelPath = None,
     compare: Annotated[
         bool, typer.Option(help="Also decode with ar and report the speedup and exact match.")
     ] = False,
@@ -156,7 +163,7 @@ def generate(
 
     if method not in METHODS:
         raise ValueError(f"unknown method {method!r}: expected one of {', '.join(METHODS)}")
-    _check_medusa_heads([method], medusa)
+    _check_baseline_weights([method], medusa, draft)
     if not prompt.strip():
         raise ValueError("the prompt is empty")
     if max_new_tokens < 1:
@@ -167,7 +174,9 @@ def generate(
     _quiet_libraries()
 
     lm = load_language_model(model, dtype)
-    options = MethodOptions(sampling=sampling, streams_path=streams, medusa_path=medusa)
+    options = MethodOptions(
+        sampling=sampling, streams_path=streams, medusa_path=medusa, draft_path=draft
+    )
     decode = make_decoder(method, lm, options)
     prompt_ids = lm.encode_prompt(prompt, chat)
     streamer = None if json_output else _TextStreamer(lm.decode)
@@ -317,6 +326,8 @@ def bench_spec_command(
     threads: Annotated[int, typer.Option(help="CPU threads.")] = 2,
     streams: Annotated[Path | None, typer.Option(help="Stream weights for ss.")] = None,
     medusa: MedusaHeadsPath = None,
+    draft: DraftModelPath = None,
+    draft_tokens: Annotated[int, typer.Option(help="Tokens drafted per pass (draft).")] = 4,
     pld_tokens: Annotated[int, typer.Option(help="Longest prompt-lookup draft (pld).")] = 10,
     data: Annotated[
         Path | None, typer.Option(help="Shared data folder (for --suite tasks).")
@@ -328,16 +339,17 @@ def bench_spec_command(
     from rich.table import Table
 
     from edgestream.bench.spec import (
+        LLAMACPP_INSTALL,
         bench_spec,
-        hf_prompt_lookup_decoder,
+        llamacpp_available,
         read_spec_prompts,
         task_suite,
     )
     from edgestream.llm.loading import load_language_model, parse_dtype
-    from edgestream.llm.methods import MethodOptions, extra_parameters, make_decoder
+    from edgestream.llm.methods import MethodOptions, extra_parameters
 
     names = _split_methods(methods)
-    _check_medusa_heads(names, medusa)
+    _check_baseline_weights(names, medusa, draft)
     parse_dtype(dtype)
     if (prompts is None) == (suite is None):
         raise ValueError("give exactly one of --prompts FILE or --suite tasks")
@@ -351,13 +363,22 @@ def bench_spec_command(
     lm = load_language_model(model, dtype)
     if pld_tokens < 1:
         raise ValueError(f"--pld-tokens must be at least 1, got {pld_tokens}")
-    options = MethodOptions(streams_path=streams, medusa_path=medusa, pld_tokens=pld_tokens)
-    decoders = {
-        name: hf_prompt_lookup_decoder(lm, pld_tokens)
-        if name == "hf-pld"
-        else make_decoder(name, lm, options)
-        for name in names
-    }
+    if draft_tokens < 1:
+        raise ValueError(f"--draft-tokens must be at least 1, got {draft_tokens}")
+    options = MethodOptions(
+        streams_path=streams,
+        medusa_path=medusa,
+        draft_path=draft,
+        draft_tokens=draft_tokens,
+        pld_tokens=pld_tokens,
+    )
+    if "llamacpp" in names and not llamacpp_available():
+        stderr.print(
+            f"[yellow]note: llamacpp skipped: llama-cpp-python is not installed "
+            f"({LLAMACPP_INSTALL})[/yellow]"
+        )
+        names.remove("llamacpp")
+    decoders = {name: _bench_decoder(name, lm, model, options, threads) for name in names}
     with Progress(console=stderr, transient=True) as bar:
         task = bar.add_task("decoding", total=len(questions))
         report = bench_spec(
@@ -369,7 +390,7 @@ def bench_spec_command(
             lambda done, _total: bar.update(task, completed=done),
         )
     for name in names:
-        if name in report["methods"] and name != "hf-pld":
+        if name in METHODS:
             report["methods"][name]["extra_parameters"] = extra_parameters(name, lm, options)
     table = Table(title=f"{model}, {dtype}, {threads} threads, <= {max_new_tokens} new tokens")
     for column in ("method", "category", "tok/s", "speedup", "accepted/pass", "calls", "exact"):
@@ -393,6 +414,22 @@ def bench_spec_command(
         json_path.write_text(json.dumps(report, indent=2) + "\n")
 
 
+def _bench_decoder(name: str, lm: object, model: str, options: object, threads: int) -> object:
+    """Our methods through make_decoder; the outside references (hf-pld, llamacpp) here."""
+    from edgestream.bench.spec import hf_prompt_lookup_decoder, llamacpp_decoder
+    from edgestream.llm.loading import resolve_model
+    from edgestream.llm.methods import make_decoder
+
+    if name == "hf-pld":
+        return hf_prompt_lookup_decoder(lm, options.pld_tokens)
+    if name == "llamacpp":
+        gguf = resolve_model(model)
+        if gguf.suffix != ".gguf":
+            raise ValueError(f"llamacpp needs a GGUF model file, not {str(gguf)!r}")
+        return llamacpp_decoder(lm, gguf, threads)
+    return make_decoder(name, lm, options)
+
+
 DistillPrompts = Annotated[
     Path | None, typer.Option(help="Text file of prompts, one per line (instead of tasks).")
 ]
@@ -408,6 +445,13 @@ TrainSteps = Annotated[int, typer.Option(help="Optimizer steps.")]
 TrainBatch = Annotated[int, typer.Option(help="Sequences per step (per process).")]
 TrainPositions = Annotated[int, typer.Option(help="Trained positions per sequence.")]
 Threads = Annotated[int | None, typer.Option(help="CPU threads per process.")]
+DistilledFrom = Annotated[
+    Path | None,
+    typer.Option(
+        help="Run folder whose distilled data to reuse (e.g. the streams' run, for the same "
+        "data); default: distil into --out."
+    ),
+]
 
 
 def _train_drafter(
@@ -559,6 +603,55 @@ def train_streams_command(
     stderr.print(f"stream weights: {target} ({trained.extra_parameters():,} parameters)")
 
 
+@train_app.command("draft")
+@user_errors
+def train_draft_command(
+    model: Annotated[str, typer.Option(help="Model name (smollm2) or local path.")] = "smollm2",
+    data: Annotated[Path | None, typer.Option(help="Shared data folder.")] = None,
+    prompts: DistillPrompts = None,
+    out: Annotated[Path, typer.Option(help="Run folder: checkpoints.")] = Path("runs/draft"),
+    distilled: DistilledFrom = None,
+    export: Annotated[Path | None, typer.Option(help="Write final draft weights here.")] = None,
+    prompts_per_task: PromptsPerTask = 300,
+    max_new_tokens: DistilledLength = 128,
+    layers: Annotated[int, typer.Option(help="Decoder layers of the draft model.")] = 4,
+    capture_layers: CaptureLayers = 10,
+    steps: TrainSteps = 2000,
+    batch: TrainBatch = 4,
+    positions: TrainPositions = 128,
+    lr: Annotated[float, typer.Option(help="Peak learning rate.")] = 3e-4,
+    threads: Threads = None,
+) -> None:
+    """Distil a small draft model (the base's first layers) for two-model speculative decoding."""
+    from edgestream.llm.draft import save_draft, train_draft
+    from edgestream.llm.train import TrainConfig
+
+    config = TrainConfig(
+        steps=steps, batch_sequences=batch, positions_per_sequence=positions, lr=lr
+    )
+    result = _train_drafter(
+        "draft token",
+        model,
+        data,
+        prompts,
+        distilled or out,
+        prompts_per_task,
+        max_new_tokens,
+        capture_layers,
+        config,
+        threads,
+        lambda base, records, _at, report: train_draft(
+            base, records, layers, config, out, model, report
+        ),
+    )
+    if result is None:
+        return
+    trained, info = result
+    target = export or out / "draft.safetensors"
+    save_draft(trained, target, info)
+    stderr.print(f"draft model: {target} ({layers} layers)")
+
+
 @train_app.command("medusa")
 @user_errors
 def train_medusa_command(
@@ -566,13 +659,7 @@ def train_medusa_command(
     data: Annotated[Path | None, typer.Option(help="Shared data folder.")] = None,
     prompts: DistillPrompts = None,
     out: Annotated[Path, typer.Option(help="Run folder: checkpoints.")] = Path("runs/medusa"),
-    distilled: Annotated[
-        Path | None,
-        typer.Option(
-            help="Run folder whose distilled data to reuse (e.g. the streams' run, for the "
-            "same data); default: distil into --out."
-        ),
-    ] = None,
+    distilled: DistilledFrom = None,
     export: Annotated[Path | None, typer.Option(help="Write final head weights here.")] = None,
     prompts_per_task: PromptsPerTask = 300,
     max_new_tokens: DistilledLength = 128,

@@ -23,7 +23,8 @@ from edgestream.llm.loading import LanguageModel, load_hf
 from edgestream.llm.methods import Decoder
 from edgestream.llm.tasks import CATEGORIES, task_prompts
 
-REFERENCE_METHODS = ("hf-pld",)  # run outside our engine, as references
+REFERENCE_METHODS = ("hf-pld", "llamacpp")  # run outside our engine, as references
+LLAMACPP_INSTALL = "make llamacpp (compiles llama-cpp-python from source, ~6 minutes)"
 
 
 @dataclass(frozen=True)
@@ -209,5 +210,43 @@ def hf_prompt_lookup_decoder(lm: LanguageModel, num_tokens: int) -> Decoder:
         new = new if ended is None else new[: ended + 1]
         reason = "stop" if ended is not None else "length"
         return GenerationResult(new, calls[0], seconds, reason)
+
+    return decode
+
+
+def llamacpp_available() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("llama_cpp") is not None
+
+
+def llamacpp_decoder(lm: LanguageModel, gguf: Path, threads: int) -> Decoder:
+    """llama.cpp (through `llama-cpp-python`) on the model's own GGUF file, greedy, as what a
+    user would run instead of our engine. Quantised weights (SmolLM2's GGUF is Q4_1) decode
+    different tokens from our float engine, so its exact match is reported, not required.
+
+    One forward pass per token (autoregressive), counted so `mean_accepted` is 1.0."""
+    from llama_cpp import Llama
+
+    llm = Llama(
+        model_path=str(gguf),
+        n_ctx=lm.context_length,
+        n_threads=threads,
+        n_threads_batch=threads,
+        logits_all=False,
+        verbose=False,
+    )
+
+    def decode(ids: list[int], max_new_tokens: int, _on_token: object) -> GenerationResult:
+        budget = check_request(ids, max_new_tokens, lm.context_length)
+        new: list[int] = []
+        start = time.perf_counter()
+        for token in llm.generate(ids, top_k=1, top_p=1.0, temp=0.0, reset=True):
+            new.append(token)
+            if token in lm.stop_ids or len(new) == budget:
+                break
+        seconds = time.perf_counter() - start
+        reason = "stop" if new[-1] in lm.stop_ids else "length"
+        return GenerationResult(new, len(new), seconds, reason)
 
     return decode

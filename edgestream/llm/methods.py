@@ -10,7 +10,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from edgestream.llm.baselines import generate_medusa, generate_pld
+from edgestream.llm.baselines import generate_draft, generate_medusa, generate_pld
+from edgestream.llm.draft import load_draft
 from edgestream.llm.engine import (
     GenerationResult,
     Sampling,
@@ -22,8 +23,9 @@ from edgestream.llm.loading import LanguageModel
 from edgestream.llm.medusa import load_medusa
 from edgestream.llm.msa import DraftHead, SpeculativeStreams, load_streams
 from edgestream.llm.tree import TreeShape
+from edgestream.llm.weights_file import read_weights
 
-METHODS = ("ar", "ss", "pld", "medusa")
+METHODS = ("ar", "ss", "pld", "medusa", "draft")
 WEIGHTS_DIR = Path(__file__).parent / "weights"
 BUNDLED_STREAMS = {"smollm2": WEIGHTS_DIR / "smollm2-ss-lossless.safetensors"}
 
@@ -35,6 +37,8 @@ class MethodOptions:
     sampling: Sampling = field(default_factory=Sampling)
     streams_path: Path | None = None  # default: the bundled streams of the model, if any
     medusa_path: Path | None = None  # Medusa heads (`edgestream train medusa`); none bundled
+    draft_path: Path | None = None  # draft model (`edgestream train draft`); none bundled
+    draft_tokens: int = 4  # two-model speculative decoding: tokens drafted per pass
     tree: TreeShape = field(default_factory=TreeShape)
     pld_tokens: int = 10  # prompt lookup: longest draft
     pld_ngram: int = 3  # prompt lookup: longest n-gram matched
@@ -74,6 +78,16 @@ def make_decoder(
             )
         heads, _ = load_medusa(options.medusa_path, lm.model)
         return lambda ids, n, cb: generate_medusa(lm.model, heads, ids, n, stop, tree, cb, sampling)
+    if method == "draft":
+        if options.draft_path is None:
+            raise ValueError(
+                "--method draft needs a draft model: train one with `edgestream train draft` "
+                "and pass --draft PATH"
+            )
+        draft, _ = load_draft(options.draft_path, lm.model)
+        return lambda ids, n, cb: generate_draft(
+            lm.model, draft, ids, n, stop, options.draft_tokens, cb, sampling
+        )
     streams, _ = resolve_streams(lm, options.streams_path)
     head = DraftHead(lm.model, streams)
     return lambda ids, n, cb: generate_ss(
@@ -89,4 +103,7 @@ def extra_parameters(method: str, lm: LanguageModel, options: MethodOptions) -> 
     if method == "medusa" and options.medusa_path is not None:
         heads, _ = load_medusa(options.medusa_path, lm.model)
         return {"stored": heads.extra_parameters(), "full_vocab": heads.full_vocab_parameters()}
+    if method == "draft" and options.draft_path is not None:
+        tensors, _, _ = read_weights(options.draft_path, "draft_config", "draft model")
+        return {"stored": sum(t.numel() for t in tensors.values())}
     return {"stored": 0}

@@ -9,11 +9,19 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from edgestream.bench.spec import bench_spec, hf_prompt_lookup_decoder, read_spec_prompts
+from edgestream.bench.spec import (
+    LLAMACPP_INSTALL,
+    bench_spec,
+    hf_prompt_lookup_decoder,
+    llamacpp_available,
+    llamacpp_decoder,
+    read_spec_prompts,
+)
 from edgestream.cli import app
-from edgestream.llm.loading import load_language_model
+from edgestream.llm.loading import load_language_model, resolve_model
 from edgestream.llm.methods import MethodOptions, make_decoder
 from edgestream.llm.msa import SpeculativeStreams, StreamConfig, save_streams
+from tests.conftest import needs_smollm2
 
 QUESTIONS = [
     {"question_id": 1, "category": "writing", "turns": ["the quick brown fox", "what is"]},
@@ -117,3 +125,33 @@ def test_bad_question_files_are_refused(tmp_path: Path, line: str, message: str)
     path.write_text(line + "\n")
     with pytest.raises(ValueError, match=message):
         read_spec_prompts(path)
+
+
+@pytest.mark.skipif(llamacpp_available(), reason="llama-cpp-python is installed here")
+def test_llamacpp_is_skipped_with_a_note_when_not_installed(
+    tiny_model_dir: Path, setup: tuple[Path, Path], tmp_path: Path
+) -> None:
+    prompts, _ = setup
+    out = tmp_path / "spec.json"
+    args = ["bench", "spec", "--prompts", str(prompts), "--model", str(tiny_model_dir)]
+    args += ["--methods", "ar,pld,llamacpp", "--max-new-tokens", "4", "--json", str(out)]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert "llamacpp skipped" in result.stderr and "make llamacpp" in result.stderr
+    assert set(json.loads(out.read_text())["methods"]) == {"ar", "pld"}
+
+
+@needs_smollm2
+@pytest.mark.skipif(
+    not llamacpp_available(), reason=f"llama-cpp-python missing: {LLAMACPP_INSTALL}"
+)
+def test_llamacpp_decodes_smollm2s_gguf_greedily() -> None:
+    lm = load_language_model("smollm2")
+    decode = llamacpp_decoder(lm, resolve_model("smollm2"), threads=2)
+    ids = lm.encode_prompt("Name three primary colours.")
+    result = decode(ids, 24, None)
+    assert 0 < result.new_tokens <= 24 and result.mean_accepted == 1.0
+    assert decode(ids, 24, None).token_ids == result.token_ids  # greedy: deterministic
+    # Q4_1 weights, yet the answer starts as our float32 engine's does.
+    ours = make_decoder("ar", lm)(ids, 24, None).token_ids
+    assert result.token_ids[:3] == ours[:3]

@@ -128,3 +128,67 @@ def test_cli_trains_under_torchrun_with_two_processes(tiny_model_dir: Path, tmp_
     with safe_open(str(out / "streams.safetensors"), framework="pt") as f:
         info = json.loads(f.metadata()["info"])
     assert info["processes"] == 2
+
+
+def test_cli_trains_the_baselines_on_the_streams_distilled_data(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """`train medusa` and `train draft` reuse a streams run's distilled data (--distilled),
+    so every drafter learns from the same answers; their weights then decode via the CLI."""
+    from typer.testing import CliRunner
+
+    from edgestream.cli import app
+
+    runner = CliRunner()
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("\n".join(TINY_CORPUS) + "\n")
+    common = ["--model", str(tiny_model_dir), "--prompts", str(prompts), "--max-new-tokens", "8"]
+    common += ["--capture-layers", "2", "--steps", "4", "--batch", "2", "--positions", "4"]
+    streams_run = tmp_path / "streams"
+    result = runner.invoke(
+        app,
+        [
+            "train",
+            "streams",
+            *common,
+            "--out",
+            str(streams_run),
+            "--stream-layers",
+            "1",
+            "--draft-vocab",
+            "64",
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    shards = sorted((streams_run / "distill-at-1").glob("shard-*.pt"))
+    assert shards
+    stamps = [s.stat().st_mtime_ns for s in shards]
+    for kind, extra, weights in (
+        ("medusa", ["--heads", "2", "--draft-vocab", "64"], "medusa.safetensors"),
+        ("draft", ["--layers", "1"], "draft.safetensors"),
+    ):
+        out = tmp_path / kind
+        args = ["train", kind, *common, "--out", str(out), "--distilled", str(streams_run), *extra]
+        result = runner.invoke(app, args)
+        assert result.exit_code == 0, result.output
+        assert not (out / "distill-at-1").exists()  # reused, not distilled again
+        generated = runner.invoke(
+            app,
+            [
+                "generate",
+                "the quick brown fox",
+                "--model",
+                str(tiny_model_dir),
+                "--method",
+                kind,
+                f"--{kind}",
+                str(out / weights),
+                "--max-new-tokens",
+                "10",
+                "--compare",
+                "--json",
+            ],
+        )
+        assert generated.exit_code == 0, generated.output
+        assert json.loads(generated.stdout)["exact_match_vs_ar"] is True
+    assert [s.stat().st_mtime_ns for s in shards] == stamps
