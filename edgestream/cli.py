@@ -6,10 +6,11 @@ stderr and exit code 2; tracebacks are for bugs only.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Annotated, ParamSpec, TypeVar
 
@@ -115,6 +116,28 @@ MedusaHeadsPath = Annotated[
 ]
 
 
+AdapterPath = Annotated[
+    Path | None,
+    typer.Option(help="Fine-tuned adapter (`train streams --mode shared|lora`): merged first."),
+]
+
+
+def _load_for_decoding(model: str, dtype: str, adapter: Path | None) -> tuple[object, object]:
+    """The language model, with an adapter's LoRA merged in when given, and the adapter's
+    streams (None without an adapter or for a next-token-only one)."""
+    from edgestream.llm.loading import load_language_model
+
+    if adapter is None:
+        return load_language_model(model, dtype), None
+    if not adapter.is_file():
+        raise ValueError(f"--adapter {str(adapter)!r}: no such file")
+    from edgestream.llm.shared import load_adapter
+
+    lm = load_language_model(model, dtype, pack=False)
+    streams, _ = load_adapter(adapter, lm)
+    return lm, streams
+
+
 def _check_baseline_weights(methods: list[str], medusa: Path | None, draft: Path | None) -> None:
     """Before any model loads: the Medusa and draft baselines ship no weights, so the user's
     must be given and exist."""
@@ -151,6 +174,7 @@ def generate(
     ] = None,
     medusa: MedusaHeadsPath = None,
     draft: DraftModelPath = None,
+    adapter: AdapterPath = None,
     compare: Annotated[
         bool, typer.Option(help="Also decode with ar and report the speedup and exact match.")
     ] = False,
@@ -158,7 +182,7 @@ def generate(
 ) -> None:
     """Generate a reply to PROMPT and report its speed."""
     from edgestream.llm.engine import Sampling
-    from edgestream.llm.loading import load_language_model, parse_dtype
+    from edgestream.llm.loading import parse_dtype
     from edgestream.llm.methods import MethodOptions, make_decoder
 
     if method not in METHODS:
@@ -173,9 +197,13 @@ def generate(
     _set_threads(threads)
     _quiet_libraries()
 
-    lm = load_language_model(model, dtype)
+    lm, adapter_streams = _load_for_decoding(model, dtype, adapter)
     options = MethodOptions(
-        sampling=sampling, streams_path=streams, medusa_path=medusa, draft_path=draft
+        sampling=sampling,
+        streams_path=streams,
+        streams=adapter_streams,
+        medusa_path=medusa,
+        draft_path=draft,
     )
     decode = make_decoder(method, lm, options)
     prompt_ids = lm.encode_prompt(prompt, chat)
@@ -327,6 +355,7 @@ def bench_spec_command(
     streams: Annotated[Path | None, typer.Option(help="Stream weights for ss.")] = None,
     medusa: MedusaHeadsPath = None,
     draft: DraftModelPath = None,
+    adapter: AdapterPath = None,
     draft_tokens: Annotated[int, typer.Option(help="Tokens drafted per pass (draft).")] = 4,
     pld_tokens: Annotated[int, typer.Option(help="Longest prompt-lookup draft (pld).")] = 10,
     data: Annotated[
@@ -345,7 +374,7 @@ def bench_spec_command(
         read_spec_prompts,
         task_suite,
     )
-    from edgestream.llm.loading import load_language_model, parse_dtype
+    from edgestream.llm.loading import parse_dtype
     from edgestream.llm.methods import MethodOptions, extra_parameters
 
     names = _split_methods(methods)
@@ -360,13 +389,14 @@ def bench_spec_command(
     questions = read_spec_prompts(prompts)[:limit] if prompts else task_suite(limit, data)
     _set_threads(threads)
     _quiet_libraries()
-    lm = load_language_model(model, dtype)
+    lm, adapter_streams = _load_for_decoding(model, dtype, adapter)
     if pld_tokens < 1:
         raise ValueError(f"--pld-tokens must be at least 1, got {pld_tokens}")
     if draft_tokens < 1:
         raise ValueError(f"--draft-tokens must be at least 1, got {draft_tokens}")
     options = MethodOptions(
         streams_path=streams,
+        streams=adapter_streams,
         medusa_path=medusa,
         draft_path=draft,
         draft_tokens=draft_tokens,
@@ -414,6 +444,131 @@ def bench_spec_command(
         json_path.write_text(json.dumps(report, indent=2) + "\n")
 
 
+@bench_app.command("quality")
+@user_errors
+def bench_quality_command(
+    task: Annotated[str, typer.Option(help="dialogsum, e2e, spider or gsm8k.")],
+    adapter: Annotated[
+        list[Path] | None,
+        typer.Option(help="Adapter to compare with the base model (repeat for several)."),
+    ] = None,
+    model: Annotated[str, typer.Option(help="Model name (smollm2) or local path.")] = "smollm2",
+    limit: Annotated[int, typer.Option(help="Held-back test prompts.")] = 50,
+    max_new_tokens: Annotated[int, typer.Option(help="Upper bound on new tokens.")] = 128,
+    dtype: Annotated[str, typer.Option(help="float32 or bfloat16.")] = "float32",
+    threads: Annotated[int, typer.Option(help="CPU threads.")] = 2,
+    speed: Annotated[
+        bool, typer.Option(help="Also decode with SS where streams exist (speed, exact match).")
+    ] = True,
+    data: Annotated[Path | None, typer.Option(help="Shared data folder.")] = None,
+    json_path: JsonReport = None,
+) -> None:
+    """Task quality of the base model and of fine-tuned adapters, with SS speed on the task."""
+    from rich.progress import Progress
+    from rich.table import Table
+
+    from edgestream.bench.environment import machine_facts
+    from edgestream.bench.quality import QUALITY_TASKS, decode_all, score, speed_stats
+    from edgestream.llm.loading import parse_dtype
+    from edgestream.llm.methods import MethodOptions, make_decoder, resolve_streams
+    from edgestream.llm.tasks import task_prompts
+
+    if task not in QUALITY_TASKS:
+        raise ValueError(f"unknown task {task!r}: expected one of {', '.join(QUALITY_TASKS)}")
+    if limit < 1 or max_new_tokens < 1:
+        raise ValueError("--limit and --max-new-tokens must be at least 1")
+    parse_dtype(dtype)
+    for path in adapter or []:
+        if not path.is_file():
+            raise ValueError(f"--adapter {str(path)!r}: no such file")
+    prompts = [p for p in task_prompts(task, "test", data, limit) if p.reference]
+    references = [p.reference for p in prompts]
+    _set_threads(threads)
+    _quiet_libraries()
+    rows = []
+    variants: list[Path | None] = [None, *(adapter or [])]
+    with Progress(console=stderr, transient=True) as bar:
+        for path in variants:
+            lm, streams = _load_for_decoding(model, dtype, path)
+            if path is None:  # prompts the model cannot read whole are left out, visibly
+                fits = [len(lm.encode_prompt(p.prompt)) < lm.context_length for p in prompts]
+                if not all(fits):
+                    stderr.print(
+                        f"note: {fits.count(False)} prompt(s) longer than the model's context "
+                        f"({lm.context_length} tokens) left out"
+                    )
+                    prompts = [p for p, ok in zip(prompts, fits, strict=True) if ok]
+                    references = [p.reference for p in prompts]
+                if not prompts:
+                    raise ValueError("no test prompt fits in the model's context")
+            info = {} if path is None else _adapter_info(path)
+            if path is None and speed:
+                try:
+                    streams = resolve_streams(lm, None)[0]  # the bundled lossless streams
+                except (ValueError, FileNotFoundError):
+                    streams = None
+            decoders = {"ar": make_decoder("ar", lm)}
+            if speed and streams is not None:
+                decoders["ss"] = make_decoder("ss", lm, MethodOptions(streams=streams))
+            name = "base" if path is None else path.name
+            progress = bar.add_task(f"{name}: decoding", total=len(prompts))
+            decoded = decode_all(
+                decoders,
+                lm.encode_prompt,
+                lm.decode,
+                prompts,
+                max_new_tokens,
+                lambda progress=progress: bar.advance(progress),
+            )
+            row = {
+                "variant": name,
+                "mode": info.get("mode", "base (zero-shot)"),
+                "train_steps": info.get("train_config", {}).get("steps"),
+                "train_seconds": info.get("wall_seconds"),
+                **score(task, decoded["ar"].texts, references),
+            }
+            if "ss" in decoded:
+                row.update(speed_stats(decoded["ar"], decoded["ss"]))
+            row["examples"] = [
+                {"prompt": p.key, "answer": text, "reference": p.reference}
+                for p, text in list(zip(prompts, decoded["ar"].texts, strict=True))[:3]
+            ]
+            rows.append(row)
+    report = {
+        "task": task,
+        "model": model,
+        "prompts": len(prompts),
+        "max_new_tokens": max_new_tokens,
+        "setup": {**machine_facts(threads), "dtype": dtype, "decoding": "greedy"},
+        "variants": rows,
+    }
+    table = Table(title=f"{task}: {len(prompts)} held-back prompts, {model}, {dtype}")
+    metrics = [k for k in rows[0] if k in ("rouge1", "rougeLsum", "exact_match", "accuracy")]
+    columns = ["variant", "mode", *metrics, "SS speedup", "accepted/pass", "exact"]
+    for column in columns:
+        table.add_column(column, justify="right")
+    for row in rows:
+        table.add_row(
+            row["variant"],
+            row["mode"],
+            *(f"{row[m]:.2f}" for m in metrics),
+            f"{row['speedup']:.2f}x" if "speedup" in row else "-",
+            f"{row['mean_accepted']:.2f}" if "mean_accepted" in row else "-",
+            f"{row['exact_match_vs_ar']:.2f}" if "exact_match_vs_ar" in row else "-",
+        )
+    Console().print(table)
+    if json_path is not None:
+        json_path.parent.mkdir(parents=True, exist_ok=True)
+        json_path.write_text(json.dumps(report, indent=2, ensure_ascii=False) + "\n")
+
+
+def _adapter_info(path: Path) -> dict:
+    from safetensors import safe_open
+
+    with safe_open(str(path), framework="pt") as f:
+        return json.loads((f.metadata() or {}).get("info", "{}"))
+
+
 def _bench_decoder(name: str, lm: object, model: str, options: object, threads: int) -> object:
     """Our methods through make_decoder; the outside references (hf-pld, llamacpp) here."""
     from edgestream.bench.spec import hf_prompt_lookup_decoder, llamacpp_decoder
@@ -454,6 +609,38 @@ DistilledFrom = Annotated[
 ]
 
 
+@contextlib.contextmanager
+def _training_progress(
+    kind: str, steps: int, rank: int, started: float
+) -> Iterator[tuple[object, Callable[[int, float, list[float]], None]]]:
+    """A rich progress display (rank 0 only) and the per-step report that feeds it; every 50
+    steps a lasting line too, for logs."""
+    import time
+
+    from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+
+    columns = (
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TextColumn("{task.fields[info]}"),
+        TimeRemainingColumn(),
+    )
+    with Progress(*columns, console=stderr, disable=rank != 0) as bar:
+        task = None
+
+        def report(step: int, loss: float, accuracy: list[float]) -> None:
+            nonlocal task
+            if task is None:
+                task = bar.add_task("training", total=steps, info="")
+            acc = " ".join(f"{a:.2f}" for a in accuracy)
+            info = f"loss {loss:.3f}  top-1 per {kind} {acc}"
+            bar.update(task, completed=step, info=info)
+            if step % 50 == 0:
+                bar.console.print(f"step {step}/{steps}  {info}  {time.time() - started:.0f} s")
+
+        yield bar, report
+
+
 def _train_drafter(
     kind: str,
     model: str,
@@ -472,8 +659,6 @@ def _train_drafter(
     Shared by the streams and the Medusa heads, so both learn from the same data the same way."""
     import time
 
-    from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
-
     from edgestream.llm.distill import distill, load_shards
     from edgestream.llm.loading import load_language_model
     from edgestream.llm.tasks import TaskPrompt, task_mix
@@ -491,14 +676,8 @@ def _train_drafter(
     # trained so serve float32 decoding equally (argmax agreement, measured in the bench).
     lm = load_language_model(model, "bfloat16")
     captured_at = lm.model.config.n_layers - capture_layers
-    columns = (
-        TextColumn("{task.description}"),
-        BarColumn(),
-        TextColumn("{task.fields[info]}"),
-        TimeRemainingColumn(),
-    )
     started = time.time()
-    with Progress(*columns, console=stderr, disable=rank != 0) as bar:
+    with _training_progress(kind, config.steps, rank, started) as (bar, report):
         task = bar.add_task("distilling", total=None, info="")
         shards = distill(
             lm,
@@ -516,17 +695,6 @@ def _train_drafter(
             dist.barrier()  # every rank's shards are written
         records = load_shards(shards)
         base = load_language_model(model, "bfloat16", pack=False).model  # packed has no backward
-        task = bar.add_task("training", total=config.steps, info="")
-
-        def report(step: int, loss: float, accuracy: list[float]) -> None:
-            acc = " ".join(f"{a:.2f}" for a in accuracy)
-            info = f"loss {loss:.3f}  top-1 per {kind} {acc}"
-            bar.update(task, completed=step, info=info)
-            if step % 50 == 0:  # a lasting record, also when stderr is a log file
-                bar.console.print(
-                    f"step {step}/{config.steps}  {info}  {time.time() - started:.0f} s"
-                )
-
         trained = train(base, records, captured_at, report)
     if rank != 0:
         return None
@@ -542,7 +710,17 @@ def _train_drafter(
 @train_app.command("streams")
 @user_errors
 def train_streams_command(
-    mode: Annotated[str, typer.Option(help="lossless (base frozen).")] = "lossless",
+    mode: Annotated[
+        str,
+        typer.Option(
+            help="lossless (base frozen, self-distilled data); shared (LoRA + streams on --task "
+            "references); lora (the baseline: LoRA, next-token loss only)."
+        ),
+    ] = "lossless",
+    task: Annotated[
+        str | None, typer.Option(help=f"shared/lora: {', '.join(SHARED_TASKS)}.")
+    ] = None,
+    lora_rank: Annotated[int, typer.Option(help="shared/lora: LoRA rank.")] = 16,
     model: Annotated[str, typer.Option(help="Model name (smollm2) or local path.")] = "smollm2",
     data: Annotated[Path | None, typer.Option(help="Shared data folder.")] = None,
     prompts: DistillPrompts = None,
@@ -568,16 +746,35 @@ def train_streams_command(
     lr: Annotated[float, typer.Option(help="Peak learning rate.")] = 2e-3,
     threads: Threads = None,
 ) -> None:
-    """Distil the base model's own answers, then train the speculative streams on them."""
+    """Train speculative streams: lossless (distil the base model's own answers, train the
+    streams on them) or shared (fine-tune LoRA and streams together on a task)."""
     from edgestream.llm.msa import StreamConfig, save_streams
     from edgestream.llm.train import TrainConfig, train_streams
 
-    if mode != "lossless":
-        raise ValueError(f"unknown mode {mode!r}: only 'lossless' is implemented so far")
+    if mode not in TRAIN_MODES:
+        raise ValueError(f"unknown mode {mode!r}: expected one of {', '.join(TRAIN_MODES)}")
     stream_config = StreamConfig(streams, stream_layers, adapter_rank, next_token_rank, draft_vocab)
     config = TrainConfig(
         steps=steps, batch_sequences=batch, positions_per_sequence=positions, lr=lr
     )
+    if mode != "lossless":
+        _train_shared_mode(
+            mode,
+            task,
+            lora_rank,
+            model,
+            data,
+            out,
+            export,
+            prompts_per_task,
+            max_new_tokens,
+            stream_config if mode == "shared" else None,
+            config,
+            threads,
+        )
+        return
+    if task is not None:
+        raise ValueError("--task is for --mode shared or lora (lossless mixes every task)")
     if not stream_layers <= capture_layers:
         raise ValueError(f"--capture-layers ({capture_layers}) must be >= --stream-layers")
     result = _train_drafter(
@@ -601,6 +798,67 @@ def train_streams_command(
     target = export or out / "streams.safetensors"
     save_streams(trained, target, {**info, "mode": mode})
     stderr.print(f"stream weights: {target} ({trained.extra_parameters():,} parameters)")
+
+
+TRAIN_MODES = ("lossless", "shared", "lora")
+SHARED_TASKS = ("dialogsum", "spider", "e2e", "gsm8k", "mix")
+
+
+def _train_shared_mode(
+    mode: str,
+    task: str | None,
+    lora_rank: int,
+    model: str,
+    data: Path | None,
+    out: Path,
+    export: Path | None,
+    prompts_per_task: int,
+    max_answer_tokens: int,
+    stream_config: object | None,
+    config: object,
+    threads: int | None,
+) -> None:
+    """Shared mode (LoRA + streams) or its baseline (LoRA, next-token loss) on a task."""
+    import time
+
+    from edgestream.llm.loading import load_language_model
+    from edgestream.llm.lora import LoRAConfig
+    from edgestream.llm.shared import save_adapter, task_records, train_shared
+    from edgestream.llm.tasks import task_prompts
+    from edgestream.training import distributed_context
+
+    if task not in SHARED_TASKS:
+        raise ValueError(f"--mode {mode} needs --task, one of {', '.join(SHARED_TASKS)}")
+    lora_config = LoRAConfig(rank=lora_rank, alpha=2.0 * lora_rank)
+    names = SHARED_TASKS[:-1] if task == "mix" else (task,)
+    per_task = prompts_per_task // len(names) if task == "mix" else prompts_per_task
+    prompts = [p for name in names for p in task_prompts(name, "train", data, per_task)]
+    _set_threads(threads)
+    _quiet_libraries()
+    rank, world = distributed_context()
+    lm = load_language_model(model, "bfloat16", pack=False)  # LoRA needs plain layers
+    records = task_records(lm, prompts, max_answer_tokens)
+    started = time.time()
+    kind = "stream (main first)" if stream_config else "token"
+    with _training_progress(kind, config.steps, rank, started) as (_bar, report):
+        weights = train_shared(
+            lm.model, records, lora_config, stream_config, config, out, model, report
+        )
+    if rank != 0:
+        return
+    info = {
+        "model": model,
+        "mode": mode,
+        "task": task,
+        "sequences": len(records),
+        "processes": world,
+        "train_config": config.__dict__,
+        "wall_seconds": round(time.time() - started),
+    }
+    target = export or out / "adapter.safetensors"
+    save_adapter(weights, lora_config, target, info)
+    size = sum(p.numel() for p in weights.parameters())
+    stderr.print(f"adapter: {target} ({size:,} parameters; {mode} mode, task {task})")
 
 
 @train_app.command("draft")

@@ -36,6 +36,7 @@ Decoder = Callable[[list[int], int, TokenCallback | None], GenerationResult]
 class MethodOptions:
     sampling: Sampling = field(default_factory=Sampling)
     streams_path: Path | None = None  # default: the bundled streams of the model, if any
+    streams: SpeculativeStreams | None = None  # already loaded (e.g. a shared-mode adapter's)
     medusa_path: Path | None = None  # Medusa heads (`edgestream train medusa`); none bundled
     draft_path: Path | None = None  # draft model (`edgestream train draft`); none bundled
     draft_tokens: int = 4  # two-model speculative decoding: tokens drafted per pass
@@ -88,7 +89,7 @@ def make_decoder(
         return lambda ids, n, cb: generate_draft(
             lm.model, draft, ids, n, stop, options.draft_tokens, cb, sampling
         )
-    streams, _ = resolve_streams(lm, options.streams_path)
+    streams = options.streams or resolve_streams(lm, options.streams_path)[0]
     head = DraftHead(lm.model, streams)
     return lambda ids, n, cb: generate_ss(
         lm.model, streams, ids, n, stop, tree, cb, head=head, sampling=sampling
@@ -99,7 +100,8 @@ def extra_parameters(method: str, lm: LanguageModel, options: MethodOptions) -> 
     """Parameters a method adds to the base model: {"stored": ...} and, for Medusa, what the
     original's full-vocabulary heads would hold ({"full_vocab": ...})."""
     if method == "ss":
-        return {"stored": resolve_streams(lm, options.streams_path)[0].extra_parameters()}
+        streams = options.streams or resolve_streams(lm, options.streams_path)[0]
+        return {"stored": streams.extra_parameters()}
     if method == "medusa" and options.medusa_path is not None:
         heads, _ = load_medusa(options.medusa_path, lm.model)
         return {"stored": heads.extra_parameters(), "full_vocab": heads.full_vocab_parameters()}

@@ -58,6 +58,7 @@ class Batch:
     tokens: Tensor  # (B, L) token ids, padded with IGNORE
     positions: Tensor  # (B, n) positions t whose streams are trained (padded with 0)
     targets: Tensor  # (B, n, gamma) token t+1+j or IGNORE
+    prompt_lengths: Tensor  # (B,) where each sequence's answer starts
 
 
 def make_batch(records: list[dict], config: TrainConfig, gamma: int, rng: random.Random) -> Batch:
@@ -81,7 +82,8 @@ def make_batch(records: list[dict], config: TrainConfig, gamma: int, rng: random
             for j in range(gamma):
                 if t + 2 + j < len(seq):
                     targets[b, i, j] = seq[t + 2 + j]
-    return Batch(hidden, tokens, positions, targets)
+    lengths = torch.tensor([r["prompt_length"] for r in records])
+    return Batch(hidden, tokens, positions, targets, lengths)
 
 
 def draft_targets(token_targets: Tensor, target_index: Tensor) -> tuple[Tensor, Tensor]:

@@ -1,0 +1,117 @@
+"""Task-quality metrics, and `bench quality` end to end where the shared task data exists."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from edgestream.bench.quality import final_number, normalise_sql, rouge, score
+from edgestream.cli import app
+from edgestream.datasets import default_data_dir
+from tests.conftest import tiny_llama, tiny_tokenizer
+
+
+def test_rouge_rewards_overlap_and_matches_rouge_score() -> None:
+    perfect = rouge(["the cat sat on the mat."], ["the cat sat on the mat."])
+    assert perfect == {"rouge1": 100.0, "rougeLsum": 100.0}
+    partial = rouge(["the cat sat."], ["the cat sat on the mat."])
+    # unigram P = 3/3, R = 3/6 -> F1 = 2/3
+    assert partial["rouge1"] == pytest.approx(66.67, abs=0.01)
+    assert rouge(["dogs bark"], ["the cat sat"])["rouge1"] == 0.0
+
+
+@pytest.mark.parametrize(
+    ("a", "b", "same"),
+    [
+        ("SELECT count(*) FROM users;", "select count ( * ) from users", True),
+        ('```sql\nSELECT name FROM t WHERE x = "a"\n```', "select name from t where x='a'", True),
+        ("SELECT name FROM t; DROP TABLE t", "SELECT name FROM t", True),  # first statement
+        ("SELECT name FROM t", "SELECT id FROM t", False),
+    ],
+)
+def test_sql_normalisation(a: str, b: str, same: bool) -> None:
+    assert (normalise_sql(a) == normalise_sql(b)) is same
+
+
+def test_final_numbers_and_task_scores() -> None:
+    assert final_number("so 12 + 30 = 42 apples") == 42.0
+    assert final_number("no digits here") is None
+    assert final_number("-1,250.5") == -1250.5
+    assert score("gsm8k", ["it is 42", "maybe 7", "none"], ["42", "8", "3"]) == {"accuracy": 33.33}
+    assert score("spider", ["SELECT 1", "SELECT 2"], ["select 1;", "select 3"]) == {
+        "exact_match": 50.0
+    }
+    with pytest.raises(ValueError, match="unknown task"):
+        score("xsum", ["a"], ["a"])
+
+
+needs_shared_data = pytest.mark.skipif(
+    not (default_data_dir() / "llm").is_dir(),
+    reason=f"shared task data not found at {default_data_dir().resolve()} (set EDGESTREAM_DATA)",
+)
+
+
+def _tiny_model_with_room(tmp_path: Path) -> Path:
+    """The tiny model with a context long enough for real task prompts."""
+    tokenizer = tiny_tokenizer()
+    model_dir = tmp_path / "tiny-512"
+    tiny_llama(max_position=512, vocab_size=len(tokenizer)).save_pretrained(model_dir)
+    tokenizer.save_pretrained(model_dir)
+    return model_dir
+
+
+@needs_shared_data
+def test_bench_quality_scores_the_base_model_on_held_back_prompts(tmp_path: Path) -> None:
+    model_dir = _tiny_model_with_room(tmp_path)
+    out = tmp_path / "quality.json"
+    args = ["bench", "quality", "--task", "e2e", "--model", str(model_dir), "--limit", "2"]
+    args += ["--max-new-tokens", "4", "--threads", "1", "--json", str(out)]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    report = json.loads(out.read_text())
+    assert report["task"] == "e2e" and report["prompts"] == 2
+    (base,) = report["variants"]
+    assert base["variant"] == "base" and {"rouge1", "rougeLsum"} <= base.keys()
+    assert "speedup" not in base  # no streams bundled for a tiny local model
+
+
+def test_bench_quality_refuses_bad_input(tmp_path: Path) -> None:
+    runner = CliRunner()
+    for args, message in (
+        (["--task", "xsum"], "unknown task 'xsum'"),
+        (["--task", "e2e", "--adapter", str(tmp_path / "no.safetensors")], "no such file"),
+        (["--task", "e2e", "--limit", "0"], "--limit"),
+    ):
+        result = runner.invoke(app, ["bench", "quality", *args])
+        assert result.exit_code == 2, result.output
+        assert message in result.stderr
+
+
+@needs_shared_data
+def test_shared_and_lora_adapters_train_on_a_task_and_are_compared(tmp_path: Path) -> None:
+    """`train streams --mode shared|lora --task e2e`, then `bench quality` with both adapters:
+    three variants scored, and SS on the shared adapter is lossless against its own AR."""
+    model_dir = _tiny_model_with_room(tmp_path)
+    runner = CliRunner()
+    adapters = []
+    for mode in ("lora", "shared"):
+        out = tmp_path / mode
+        args = ["train", "streams", "--mode", mode, "--task", "e2e", "--model", str(model_dir)]
+        args += ["--out", str(out), "--prompts-per-task", "8", "--steps", "3", "--batch", "2"]
+        args += ["--positions", "4", "--stream-layers", "1", "--draft-vocab", "64"]
+        args += ["--lora-rank", "2", "--max-new-tokens", "16"]
+        result = runner.invoke(app, args)
+        assert result.exit_code == 0, result.output
+        adapters += ["--adapter", str(out / "adapter.safetensors")]
+    report_path = tmp_path / "quality.json"
+    args = ["bench", "quality", "--task", "e2e", "--model", str(model_dir), "--limit", "2"]
+    args += ["--max-new-tokens", "6", "--threads", "1", *adapters, "--json", str(report_path)]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    base, lora, shared = json.loads(report_path.read_text())["variants"]
+    assert (base["mode"], lora["mode"], shared["mode"]) == ("base (zero-shot)", "lora", "shared")
+    assert lora["train_steps"] == shared["train_steps"] == 3
+    assert "speedup" not in lora and shared["exact_match_vs_ar"] == 1.0

@@ -1,0 +1,121 @@
+"""Shared mode: LoRA + streams fine-tuned together, adapters merged for decoding, lossless SS
+relative to the fine-tuned model, and the next-token-only baseline."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from edgestream.llm.engine import generate_ar, generate_ss
+from edgestream.llm.loading import load_language_model
+from edgestream.llm.lora import LoRAConfig, LoRALinear, add_lora, merge_lora
+from edgestream.llm.model import Transformer
+from edgestream.llm.msa import StreamConfig
+from edgestream.llm.shared import load_adapter, save_adapter, task_records, train_shared
+from edgestream.llm.tasks import TaskPrompt
+from edgestream.llm.train import TrainConfig
+from tests.conftest import tiny_llama
+
+STREAMS = StreamConfig(2, n_stream_layers=1, adapter_rank=4, next_token_rank=4, draft_vocab_size=64)
+CONFIG = TrainConfig(
+    steps=80,
+    batch_sequences=4,
+    positions_per_sequence=8,
+    lr=1e-2,
+    warmup_steps=4,
+    checkpoint_every=20,
+)
+PAIRS = [
+    ("Summarize: the quick brown fox jumps over the lazy dog", "a fox jumps over a dog"),
+    ("What is the capital of France?", "paris is the capital of france."),
+    ("Count the users named ada.", "select count(*) from users where name = 'ada';"),
+    ("Describe speculative streaming.", "it drafts and verifies tokens in one forward pass"),
+]
+
+
+def _prompts() -> list[TaskPrompt]:
+    return [TaskPrompt("t", str(i), q, a) for i, (q, a) in enumerate(PAIRS * 2)]
+
+
+def test_merged_lora_computes_what_the_adapters_did() -> None:
+    model = Transformer.from_hf(tiny_llama(max_position=64))
+    adapters = add_lora(model, LoRAConfig(rank=4, alpha=8))
+    with torch.no_grad():
+        for module in adapters.values():
+            module.up.normal_(0, 0.1)  # a trained-looking, non-zero update
+    tokens = torch.randint(3, 300, (1, 12))
+    with_adapters = model(tokens, model.new_cache(12))
+    merge_lora(model)
+    assert not any(isinstance(m, LoRALinear) for m in model.modules())
+    torch.testing.assert_close(
+        model(tokens, model.new_cache(12)), with_adapters, rtol=1e-4, atol=1e-4
+    )
+
+
+def test_records_hold_prompt_then_reference_then_stop(tiny_model_dir: Path) -> None:
+    lm = load_language_model(str(tiny_model_dir), pack=False)
+    records = task_records(lm, [*_prompts()[:2], TaskPrompt("t", "x", "no answer")], 8)
+    assert len(records) == 2  # the prompt without a reference is left out
+    record = records[0]
+    assert record["tokens"][: record["prompt_length"]].tolist() == lm.encode_prompt(PAIRS[0][0])
+    assert int(record["tokens"][-1]) in lm.stop_ids
+    with pytest.raises(ValueError, match="no reference answers"):
+        task_records(lm, [TaskPrompt("t", "x", "no answer")], 8)
+
+
+@pytest.mark.parametrize("with_streams", [True, False])
+def test_shared_training_learns_and_its_adapter_decodes_losslessly(
+    tiny_model_dir: Path, tmp_path: Path, with_streams: bool
+) -> None:
+    lm = load_language_model(str(tiny_model_dir), pack=False)
+    records = task_records(lm, _prompts(), 16)
+    log: list[tuple] = []
+    lora = LoRAConfig(rank=4, alpha=8)
+    streams_config = STREAMS if with_streams else None
+    weights = train_shared(
+        lm.model, records, lora, streams_config, CONFIG, tmp_path, "tiny", lambda *a: log.append(a)
+    )
+    first = sum(loss for _, loss, _ in log[:8]) / 8
+    last = sum(loss for _, loss, _ in log[-8:]) / 8
+    assert last < 0.85 * first
+    assert log[-1][2][0] > log[0][2][0]  # next-token accuracy rose
+    assert len(log[-1][2]) == (1 + STREAMS.n_streams if with_streams else 1)
+    prompt = lm.encode_prompt(PAIRS[1][0])
+    tuned = generate_ar(lm.model, prompt, 12, lm.stop_ids).token_ids  # the model with adapters
+    path = tmp_path / "adapter.safetensors"
+    save_adapter(weights, lora, path, {"task": "t"})
+
+    fresh = load_language_model(str(tiny_model_dir), pack=False)
+    base = generate_ar(fresh.model, prompt, 12, fresh.stop_ids).token_ids
+    streams, info = load_adapter(path, fresh)
+    assert info == {"task": "t"} and (streams is not None) == with_streams
+    merged = generate_ar(fresh.model, prompt, 12, fresh.stop_ids).token_ids
+    assert merged == tuned and merged != base  # fine-tuning changed what the model says
+    if streams is not None:
+        ss = generate_ss(fresh.model, streams, prompt, 12, fresh.stop_ids)
+        assert ss.token_ids == merged
+
+
+def test_adapter_errors_are_clear(tiny_model_dir: Path, tmp_path: Path) -> None:
+    lm = load_language_model(str(tiny_model_dir), pack=False)
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        load_adapter(tmp_path / "none.safetensors", lm)
+    bad = tmp_path / "bad.safetensors"
+    bad.write_bytes(b"garbage")
+    with pytest.raises(ValueError, match="not an adapter file"):
+        load_adapter(bad, lm)
+    packed = load_language_model(str(tiny_model_dir))
+    weights = train_shared(
+        load_language_model(str(tiny_model_dir), pack=False).model,
+        task_records(lm, _prompts(), 8),
+        LoRAConfig(rank=2, alpha=4),
+        None,
+        TrainConfig(steps=1, batch_sequences=2, positions_per_sequence=4, warmup_steps=1),
+        tmp_path / "run",
+        "tiny",
+    )
+    save_adapter(weights, LoRAConfig(rank=2, alpha=4), tmp_path / "a.safetensors", {})
+    with pytest.raises(ValueError, match="pack=False"):
+        load_adapter(tmp_path / "a.safetensors", packed)
