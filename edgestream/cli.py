@@ -352,6 +352,11 @@ def bench_spec_command(
     limit: Annotated[int, typer.Option(help="Prompts per category (suite) or in all (file).")] = 10,
     dtype: Annotated[str, typer.Option(help="float32 or bfloat16.")] = "float32",
     threads: Annotated[int, typer.Option(help="CPU threads.")] = 2,
+    temperature: Annotated[
+        float, typer.Option(help="0 = greedy; > 0 samples (every method with --seed).")
+    ] = 0.0,
+    top_p: Annotated[float, typer.Option(help="Nucleus sampling mass.")] = 1.0,
+    seed: Annotated[int, typer.Option(help="Sampling seed, the same for every method.")] = 0,
     streams: Annotated[Path | None, typer.Option(help="Stream weights for ss.")] = None,
     medusa: MedusaHeadsPath = None,
     draft: DraftModelPath = None,
@@ -369,11 +374,13 @@ def bench_spec_command(
 
     from edgestream.bench.spec import (
         LLAMACPP_INSTALL,
+        REFERENCE_METHODS,
         bench_spec,
         llamacpp_available,
         read_spec_prompts,
         task_suite,
     )
+    from edgestream.llm.engine import Sampling
     from edgestream.llm.loading import parse_dtype
     from edgestream.llm.methods import MethodOptions, extra_parameters
 
@@ -394,7 +401,11 @@ def bench_spec_command(
         raise ValueError(f"--pld-tokens must be at least 1, got {pld_tokens}")
     if draft_tokens < 1:
         raise ValueError(f"--draft-tokens must be at least 1, got {draft_tokens}")
+    sampling = Sampling(temperature=temperature, top_p=top_p, seed=seed)
+    if not sampling.greedy and any(m in REFERENCE_METHODS for m in names):
+        raise ValueError("the outside references (hf-pld, llamacpp) are measured greedy only")
     options = MethodOptions(
+        sampling=sampling,
         streams_path=streams,
         streams=adapter_streams,
         medusa_path=medusa,
@@ -418,6 +429,11 @@ def bench_spec_command(
             max_new_tokens,
             threads,
             lambda done, _total: bar.update(task, completed=done),
+        )
+    if not sampling.greedy:
+        report["setup"]["decoding"] = (
+            f"sampled: temperature {temperature}, top-p {top_p}, seed {seed} for every prompt "
+            "and method; end to end (prefill included)"
         )
     for name in names:
         if name in METHODS:

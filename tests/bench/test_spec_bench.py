@@ -155,3 +155,21 @@ def test_llamacpp_decodes_smollm2s_gguf_greedily() -> None:
     # Q4_1 weights, yet the answer starts as our float32 engine's does.
     ours = make_decoder("ar", lm)(ids, 24, None).token_ids
     assert result.token_ids[:3] == ours[:3]
+
+
+def test_sampled_bench_keeps_every_method_identical_to_ar(
+    tiny_model_dir: Path, setup: tuple[Path, Path], tmp_path: Path
+) -> None:
+    prompts, streams = setup
+    out = tmp_path / "spec.json"
+    args = ["bench", "spec", "--prompts", str(prompts), "--model", str(tiny_model_dir)]
+    args += ["--streams", str(streams), "--methods", "ar,ss,pld", "--temperature", "0.8"]
+    args += ["--seed", "5", "--max-new-tokens", "10", "--threads", "1", "--json", str(out)]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    report = json.loads(out.read_text())
+    assert report["setup"]["decoding"].startswith("sampled: temperature 0.8")
+    for method in ("ss", "pld"):
+        assert report["methods"][method]["overall"]["exact_match_vs_ar"] == 1.0
+    refused = CliRunner().invoke(app, [*args[:6], "--methods", "ar,hf-pld", "--temperature", "1"])
+    assert refused.exit_code == 2 and "greedy only" in refused.stderr
