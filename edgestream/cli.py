@@ -737,6 +737,10 @@ def train_streams_command(
         str | None, typer.Option(help=f"shared/lora: {', '.join(SHARED_TASKS)}.")
     ] = None,
     lora_rank: Annotated[int, typer.Option(help="shared/lora: LoRA rank.")] = 16,
+    init_streams: Annotated[
+        Path | None,
+        typer.Option(help="shared: start from these stream weights (e.g. the bundled lossless)."),
+    ] = None,
     model: Annotated[str, typer.Option(help="Model name (smollm2) or local path.")] = "smollm2",
     data: Annotated[Path | None, typer.Option(help="Shared data folder.")] = None,
     prompts: DistillPrompts = None,
@@ -833,6 +837,7 @@ def _train_shared_mode(
     stream_config: object | None,
     config: object,
     threads: int | None,
+    init_streams: Path | None = None,
 ) -> None:
     """Shared mode (LoRA + streams) or its baseline (LoRA, next-token loss) on a task."""
     import time
@@ -854,11 +859,16 @@ def _train_shared_mode(
     rank, world = distributed_context()
     lm = load_language_model(model, "bfloat16", pack=False)  # LoRA needs plain layers
     records = task_records(lm, prompts, max_answer_tokens)
+    initial = None
+    if init_streams is not None:
+        from edgestream.llm.msa import load_streams
+
+        initial, _ = load_streams(init_streams, lm.model)
     started = time.time()
     kind = "stream (main first)" if stream_config else "token"
     with _training_progress(kind, config.steps, rank, started) as (_bar, report):
         weights = train_shared(
-            lm.model, records, lora_config, stream_config, config, out, model, report
+            lm.model, records, lora_config, stream_config, config, out, model, report, initial
         )
     if rank != 0:
         return
@@ -866,6 +876,7 @@ def _train_shared_mode(
         "model": model,
         "mode": mode,
         "task": task,
+        "init_streams": None if init_streams is None else str(init_streams),
         "sequences": len(records),
         "processes": world,
         "train_config": config.__dict__,

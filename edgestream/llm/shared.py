@@ -157,13 +157,21 @@ def train_shared(
     out_dir: Path,
     model_name: str,
     progress: ProgressFn | None = None,
+    init_streams: SpeculativeStreams | None = None,
 ) -> SharedWeights:
-    """Fine-tune `model` (unpacked; LoRA is added in place) with or without streams."""
+    """Fine-tune `model` (unpacked; LoRA is added in place) with or without streams.
+
+    `init_streams` (e.g. lossless streams trained for the base model) start the streams where
+    they already draft well, instead of from scratch; they replace `stream_config`.
+    """
     torch.manual_seed(config.seed)
     model.requires_grad_(False)
     adapters = add_lora(model, lora_config)
     streams = None
-    if stream_config is not None:
+    if init_streams is not None:
+        streams = init_streams.float().requires_grad_(True).train()
+        stream_config = streams.config
+    elif stream_config is not None:
         streams = SpeculativeStreams(model.config, stream_config)
         if stream_config.draft_vocab_size:
             streams.draft_vocab.copy_(

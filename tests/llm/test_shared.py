@@ -119,3 +119,29 @@ def test_adapter_errors_are_clear(tiny_model_dir: Path, tmp_path: Path) -> None:
     save_adapter(weights, LoRAConfig(rank=2, alpha=4), tmp_path / "a.safetensors", {})
     with pytest.raises(ValueError, match="pack=False"):
         load_adapter(tmp_path / "a.safetensors", packed)
+
+
+def test_shared_streams_can_start_from_trained_ones(tiny_model_dir: Path, tmp_path: Path) -> None:
+    from edgestream.llm.msa import SpeculativeStreams
+
+    lm = load_language_model(str(tiny_model_dir), pack=False)
+    start = SpeculativeStreams(lm.model.config, STREAMS)
+    with torch.no_grad():
+        start.embeddings.normal_(0, 1.0)
+        start.draft_vocab.copy_(torch.arange(64).flip(0))
+    before = start.embeddings.detach().clone()
+    config = TrainConfig(steps=3, batch_sequences=2, positions_per_sequence=4, warmup_steps=1)
+    weights = train_shared(
+        lm.model,
+        task_records(lm, _prompts(), 8),
+        LoRAConfig(2, 4),
+        None,
+        config,
+        tmp_path,
+        "tiny",
+        init_streams=start,
+    )
+    assert weights.streams is start and weights.streams.config == STREAMS
+    assert torch.equal(start.draft_vocab, torch.arange(64).flip(0))  # kept, not recounted
+    assert not torch.equal(start.embeddings, before)  # and trained further
+    torch.testing.assert_close(start.embeddings, before, atol=0.1, rtol=0)  # from where it was
