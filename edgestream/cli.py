@@ -372,6 +372,7 @@ def bench_spec_command(
     from rich.progress import Progress
     from rich.table import Table
 
+    from edgestream.bench.environment import peak_rss_mib
     from edgestream.bench.spec import (
         LLAMACPP_INSTALL,
         REFERENCE_METHODS,
@@ -382,7 +383,7 @@ def bench_spec_command(
     )
     from edgestream.llm.engine import Sampling
     from edgestream.llm.loading import parse_dtype
-    from edgestream.llm.methods import MethodOptions, extra_parameters
+    from edgestream.llm.methods import MethodOptions, footprint
 
     names = _split_methods(methods)
     _check_baseline_weights(names, medusa, draft)
@@ -437,7 +438,8 @@ def bench_spec_command(
         )
     for name in names:
         if name in METHODS:
-            report["methods"][name]["extra_parameters"] = extra_parameters(name, lm, options)
+            report["methods"][name].update(footprint(name, lm, options))
+    report["setup"]["peak_memory_mib"] = peak_rss_mib()  # the process, every method loaded
     table = Table(title=f"{model}, {dtype}, {threads} threads, <= {max_new_tokens} new tokens")
     for column in ("method", "category", "tok/s", "speedup", "accepted/pass", "calls", "exact"):
         table.add_column(column, justify="right")
@@ -576,6 +578,41 @@ def bench_quality_command(
     if json_path is not None:
         json_path.parent.mkdir(parents=True, exist_ok=True)
         json_path.write_text(json.dumps(report, indent=2, ensure_ascii=False) + "\n")
+
+
+@bench_app.command("results")
+@user_errors
+def bench_results_command(
+    spec: Annotated[
+        Path, typer.Option(help="`bench spec --json` report of the methods table.")
+    ] = Path("docs/bench-spec-methods.json"),
+    quality: Annotated[
+        list[Path] | None, typer.Option(help="`bench quality --json` reports (repeatable).")
+    ] = None,
+    page: Annotated[Path, typer.Option(help="The results page to update.")] = Path(
+        "docs/results.md"
+    ),
+) -> None:
+    """Re-render the results page's generated tables from the benchmarks' JSON reports."""
+    from edgestream.bench.results import render_quality, render_spec, update_page
+
+    blocks = {"spec": render_spec(_read_report(spec))}
+    for path in quality or sorted(page.parent.glob("quality-*.json")):
+        report = _read_report(path)
+        blocks[f"quality-{report['task']}"] = render_quality(report)
+    if not page.is_file():
+        raise ValueError(f"--page {str(page)!r}: no such file")
+    update_page(page, blocks)
+    stderr.print(f"{page}: updated {', '.join(blocks)}")
+
+
+def _read_report(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ValueError(f"{str(path)!r}: no such report (run the benchmark with --json)") from None
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{str(path)!r} is not a JSON report: {err}") from err
 
 
 def _adapter_info(path: Path) -> dict:

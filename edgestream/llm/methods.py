@@ -96,16 +96,36 @@ def make_decoder(
     )
 
 
-def extra_parameters(method: str, lm: LanguageModel, options: MethodOptions) -> dict[str, int]:
-    """Parameters a method adds to the base model: {"stored": ...} and, for Medusa, what the
-    original's full-vocabulary heads would hold ({"full_vocab": ...})."""
+def footprint(method: str, lm: LanguageModel, options: MethodOptions) -> dict[str, object]:
+    """What a method adds to the base model: parameters stored ("extra_parameters"; for Medusa
+    also "full_vocab_parameters", what the original's full-vocabulary heads hold) and how long
+    its weights took to train ("train_seconds", from the weights file, where recorded)."""
     if method == "ss":
-        streams = options.streams or resolve_streams(lm, options.streams_path)[0]
-        return {"stored": streams.extra_parameters()}
+        if options.streams is not None:
+            return {"extra_parameters": options.streams.extra_parameters()}
+        streams, info = resolve_streams(lm, options.streams_path)
+        return {"extra_parameters": streams.extra_parameters(), **_train_seconds(info)}
     if method == "medusa" and options.medusa_path is not None:
-        heads, _ = load_medusa(options.medusa_path, lm.model)
-        return {"stored": heads.extra_parameters(), "full_vocab": heads.full_vocab_parameters()}
+        heads, info = load_medusa(options.medusa_path, lm.model)
+        return {
+            "extra_parameters": heads.extra_parameters(),
+            "full_vocab_parameters": heads.full_vocab_parameters(),
+            **_train_seconds(info),
+        }
     if method == "draft" and options.draft_path is not None:
-        tensors, _, _ = read_weights(options.draft_path, "draft_config", "draft model")
-        return {"stored": sum(t.numel() for t in tensors.values())}
-    return {"stored": 0}
+        tensors, _, info = read_weights(options.draft_path, "draft_config", "draft model")
+        return {
+            "extra_parameters": sum(t.numel() for t in tensors.values()),
+            **_train_seconds(info),
+        }
+    return {"extra_parameters": 0}
+
+
+def _train_seconds(info: dict) -> dict[str, int]:
+    """Training wall time from a weights file's info (distillation included where recorded)."""
+    if "wall_seconds" in info:
+        return {"train_seconds": int(info["wall_seconds"])}
+    parts = [info.get(k) for k in ("wall_seconds_training", "wall_seconds_distillation")]
+    if any(parts):
+        return {"train_seconds": int(sum(x for x in parts if x))}
+    return {}

@@ -111,6 +111,9 @@ def test_cli_writes_the_json_it_promises(
     report = json.loads(out.read_text())
     assert {"model", "max_new_tokens", "methods"} <= report.keys()
     assert set(report["methods"]) == {"ar", "ss"}
+    assert report["methods"]["ss"]["extra_parameters"] > 0
+    assert report["methods"]["ar"]["extra_parameters"] == 0
+    assert report["setup"]["peak_memory_mib"] > 0
 
 
 @pytest.mark.parametrize(
