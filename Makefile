@@ -6,7 +6,7 @@ PIP := $(BIN)/python -m pip --disable-pip-version-check --quiet
 # The stamp is keyed on the dependency files: change either and `make install` runs again.
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml requirements.lock | sha256sum | cut -c1-16)
 
-.PHONY: install demo test bench browser llamacpp
+.PHONY: install demo test bench browser llamacpp results
 
 install: $(STAMP)
 
@@ -31,6 +31,11 @@ test: install browser
 
 bench: install
 	$(BIN)/edgestream bench generate --json docs/bench-generate.json
+
+# docs/results.md's generated tables, from the JSON reports in docs/ (each block of the page
+# names the benchmark command that writes its report).
+results: install
+	$(BIN)/edgestream bench results
 
 # Optional: llama.cpp as an outside reference in `bench spec --methods ...,llamacpp`. It
 # compiles from source (~6 minutes on 2 cores; needs a C++ compiler); without it that method

@@ -801,6 +801,7 @@ def train_streams_command(
     batch: TrainBatch = 4,
     positions: TrainPositions = 128,
     lr: Annotated[float, typer.Option(help="Peak learning rate.")] = 2e-3,
+    warmup: Annotated[int, typer.Option(help="Linear warm-up steps.")] = 100,
     threads: Threads = None,
 ) -> None:
     """Train speculative streams: lossless (distil the base model's own answers, train the
@@ -812,7 +813,11 @@ def train_streams_command(
         raise ValueError(f"unknown mode {mode!r}: expected one of {', '.join(TRAIN_MODES)}")
     stream_config = StreamConfig(streams, stream_layers, adapter_rank, next_token_rank, draft_vocab)
     config = TrainConfig(
-        steps=steps, batch_sequences=batch, positions_per_sequence=positions, lr=lr
+        steps=steps,
+        batch_sequences=batch,
+        positions_per_sequence=positions,
+        lr=lr,
+        warmup_steps=warmup,
     )
     if mode != "lossless":
         _train_shared_mode(
@@ -921,8 +926,8 @@ def _train_shared_mode(
     }
     target = export or out / "adapter.safetensors"
     save_adapter(weights, lora_config, target, info)
-    size = sum(p.numel() for p in weights.parameters())
-    stderr.print(f"adapter: {target} ({size:,} parameters; {mode} mode, task {task})")
+    size = sum(p.numel() for p in weights.parameters() if p.requires_grad)
+    stderr.print(f"adapter: {target} ({size:,} trained parameters; {mode} mode, task {task})")
 
 
 @train_app.command("draft")
