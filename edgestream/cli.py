@@ -819,6 +819,8 @@ def train_streams_command(
         lr=lr,
         warmup_steps=warmup,
     )
+    if init_streams is not None and mode != "shared":
+        raise ValueError("--init-streams is for --mode shared")
     if mode != "lossless":
         _train_shared_mode(
             mode,
@@ -833,6 +835,7 @@ def train_streams_command(
             stream_config if mode == "shared" else None,
             config,
             threads,
+            init_streams,
         )
         return
     if task is not None:

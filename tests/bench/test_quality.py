@@ -6,11 +6,14 @@ import json
 from pathlib import Path
 
 import pytest
+from safetensors import safe_open
 from typer.testing import CliRunner
 
 from edgestream.bench.quality import final_number, normalise_sql, rouge, score
 from edgestream.cli import app
 from edgestream.datasets import default_data_dir
+from edgestream.llm.loading import load_language_model
+from edgestream.llm.msa import SpeculativeStreams, StreamConfig, save_streams
 from tests.conftest import tiny_llama, tiny_tokenizer
 
 
@@ -95,17 +98,24 @@ def test_shared_and_lora_adapters_train_on_a_task_and_are_compared(tmp_path: Pat
     """`train streams --mode shared|lora --task e2e`, then `bench quality` with both adapters:
     three variants scored, and SS on the shared adapter is lossless against its own AR."""
     model_dir = _tiny_model_with_room(tmp_path)
+    lm = load_language_model(str(model_dir))
+    start = SpeculativeStreams(lm.model.config, StreamConfig(3, 1, 2, 2, draft_vocab_size=32))
+    save_streams(start, tmp_path / "start.safetensors", {})
     runner = CliRunner()
     adapters = []
     for mode in ("lora", "shared"):
         out = tmp_path / mode
         args = ["train", "streams", "--mode", mode, "--task", "e2e", "--model", str(model_dir)]
         args += ["--out", str(out), "--prompts-per-task", "8", "--steps", "3", "--batch", "2"]
-        args += ["--positions", "4", "--stream-layers", "1", "--draft-vocab", "64"]
-        args += ["--lora-rank", "2", "--max-new-tokens", "16"]
+        args += ["--positions", "4", "--lora-rank", "2", "--max-new-tokens", "16"]
+        if mode == "shared":
+            args += ["--init-streams", str(tmp_path / "start.safetensors")]
         result = runner.invoke(app, args)
         assert result.exit_code == 0, result.output
         adapters += ["--adapter", str(out / "adapter.safetensors")]
+    with safe_open(str(tmp_path / "shared" / "adapter.safetensors"), framework="pt") as f:
+        # the streams started from the given ones (their settings), not from fresh defaults
+        assert json.loads(f.metadata()["stream_config"]) == start.config.to_dict()
     report_path = tmp_path / "quality.json"
     args = ["bench", "quality", "--task", "e2e", "--model", str(model_dir), "--limit", "2"]
     args += ["--max-new-tokens", "6", "--threads", "1", *adapters, "--json", str(report_path)]
