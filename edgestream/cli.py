@@ -528,7 +528,7 @@ def bench_quality_command(
             decoders = {"ar": make_decoder("ar", lm)}
             if speed and streams is not None:
                 decoders["ss"] = make_decoder("ss", lm, MethodOptions(streams=streams))
-            name = "base" if path is None else path.name
+            name = "base" if path is None else _variant_name(path)
             progress = bar.add_task(f"{name}: decoding", total=len(prompts))
             decoded = decode_all(
                 decoders,
@@ -613,6 +613,11 @@ def _read_report(path: Path) -> dict:
         raise ValueError(f"{str(path)!r}: no such report (run the benchmark with --json)") from None
     except json.JSONDecodeError as err:
         raise ValueError(f"{str(path)!r} is not a JSON report: {err}") from err
+
+
+def _variant_name(path: Path) -> str:
+    """An adapter's label: its run folder when the file has the default name."""
+    return path.parent.name if path.name == "adapter.safetensors" else path.stem
 
 
 def _adapter_info(path: Path) -> dict:

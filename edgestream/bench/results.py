@@ -30,6 +30,10 @@ def _count(n: object) -> str:
     return f"{n / 1e3:.0f} k" if n >= 10_000 else f"{n:,}"
 
 
+def _mib(value: object) -> str:
+    return f"{value:,.0f} MiB" if isinstance(value, (int, float)) else "-"
+
+
 def _minutes(seconds: object) -> str:
     return f"{seconds / 60:.0f} min" if isinstance(seconds, (int, float)) else "-"
 
@@ -41,7 +45,7 @@ def render_spec(report: dict) -> str:
         f"{setup.get('prompts', '?')} prompts, <= {report['max_new_tokens']} new tokens, "
         f"{setup.get('dtype', '?')}, {setup.get('decoding', 'greedy')}; {_machine(setup)}; "
         f"peak memory of the process with every method loaded: "
-        f"{setup.get('peak_memory_mib') or '-'} MiB.",
+        f"{_mib(setup.get('peak_memory_mib'))}.",
         "",
         "| method | tok/s | speedup vs ar | accepted tokens / pass | exact match vs ar "
         "| extra parameters | training |",

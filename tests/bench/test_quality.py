@@ -123,5 +123,6 @@ def test_shared_and_lora_adapters_train_on_a_task_and_are_compared(tmp_path: Pat
     assert result.exit_code == 0, result.output
     base, lora, shared = json.loads(report_path.read_text())["variants"]
     assert (base["mode"], lora["mode"], shared["mode"]) == ("base (zero-shot)", "lora", "shared")
+    assert (base["variant"], lora["variant"], shared["variant"]) == ("base", "lora", "shared")
     assert lora["train_steps"] == shared["train_steps"] == 3
     assert "speedup" not in lora and shared["exact_match_vs_ar"] == 1.0

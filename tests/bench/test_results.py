@@ -49,7 +49,7 @@ QUALITY = {
     "variants": [
         {"variant": "base", "mode": "base (zero-shot)", "rouge1": 20.5, "rougeLsum": 18.25},
         {
-            "variant": "a.safetensors",
+            "variant": "shared-dialogsum",
             "mode": "shared",
             "train_steps": 150,
             "train_seconds": 1200,
@@ -69,13 +69,13 @@ def test_spec_table_has_every_method_and_category() -> None:
     row = "| medusa | 60.0 | 1.20x | 1.90 | 1.00 | 20.2 M (114.6 M with full-vocabulary heads) |"
     assert row + " 34 min |" in text
     assert "| qa | 1.10x / 1.70 |" in text
-    assert "900.0 MiB" in text and "AMD EPYC, 2 threads" in text
+    assert "900 MiB" in text and "AMD EPYC, 2 threads" in text
 
 
 def test_quality_table_rows() -> None:
     text = render_quality(QUALITY)
     assert "| base | base (zero-shot) | - | 20.50 | 18.25 | - | - | - | - |" in text
-    row = "| a.safetensors | shared | 150 steps, 20 min | 30.00 | 27.00 |"
+    row = "| shared-dialogsum | shared | 150 steps, 20 min | 30.00 | 27.00 |"
     assert row + " 50.0 | 1.30x | 2.10 | 1.00 |" in text
 
 
@@ -101,7 +101,7 @@ def test_cli_updates_the_page(tmp_path: Path) -> None:
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
     text = page.read_text()
-    assert "| medusa |" in text and "| a.safetensors | shared |" in text
+    assert "| medusa |" in text and "| shared-dialogsum | shared |" in text
     missing = CliRunner().invoke(
         app, ["bench", "results", "--spec", str(tmp_path / "none.json"), "--page", str(page)]
     )
