@@ -547,8 +547,9 @@ def bench_quality_command(
             }
             if "ss" in decoded:
                 row.update(speed_stats(decoded["ar"], decoded["ss"]))
+            # Our answers only: references stay in the data folder (their licences).
             row["examples"] = [
-                {"prompt": p.key, "answer": text, "reference": p.reference}
+                {"prompt": p.key, "answer": text}
                 for p, text in list(zip(prompts, decoded["ar"].texts, strict=True))[:3]
             ]
             rows.append(row)
@@ -597,7 +598,7 @@ def bench_results_command(
     from edgestream.bench.results import render_quality, render_spec, update_page
 
     blocks = {"spec": render_spec(_read_report(spec))}
-    for path in quality or sorted(page.parent.glob("quality-*.json")):
+    for path in quality or sorted(page.parent.glob("bench-quality-*.json")):
         report = _read_report(path)
         blocks[f"quality-{report['task']}"] = render_quality(report)
     if not page.is_file():
