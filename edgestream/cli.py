@@ -715,7 +715,8 @@ def _train_drafter(
 ) -> tuple[object, dict] | None:
     """Distil the base model's answers (resumable), then `train(base, records, captured_at,
     report)`; returns what train returned and how it was trained (None on ranks other than 0).
-    Shared by the streams and the Medusa heads, so both learn from the same data the same way."""
+    Shared by the streams, the Medusa heads and the draft model, so all learn from the same
+    data the same way."""
     import time
 
     from edgestream.llm.distill import distill, load_shards
