@@ -36,7 +36,7 @@ from edgestream.llm.train import (
     fit,
     frequent_answer_tokens,
 )
-from edgestream.llm.weights_file import load_into, read_weights, save_weights
+from edgestream.llm.weights_file import load_drafter, save_weights
 
 
 @dataclass(frozen=True)
@@ -183,11 +183,10 @@ def save_medusa(heads: MedusaHeads, path: Path, info: dict[str, object]) -> None
 
 def load_medusa(path: Path, model: Transformer) -> tuple[MedusaHeads, dict[str, object]]:
     """Heads saved by `save_medusa`, in the model's dtype, plus their `info` metadata."""
-    tensors, settings, info = read_weights(path, "medusa_config", "Medusa heads")
-    try:
-        config = MedusaConfig(**settings)
-    except TypeError as err:
-        raise ValueError(f"{path} is not a Medusa heads file: {err}") from err
-    heads = MedusaHeads(model.config, config)
-    load_into(heads, tensors, path)
-    return heads.to(model.dtype).eval().requires_grad_(False), info
+    return load_drafter(
+        path,
+        "medusa_config",
+        "Medusa heads",
+        lambda c: MedusaHeads(model.config, MedusaConfig(**c)),
+        model.dtype,
+    )

@@ -29,7 +29,7 @@ from edgestream.llm.model import (
     apply_rotary,
     can_pack_weights,
 )
-from edgestream.llm.weights_file import load_into, read_weights, save_weights
+from edgestream.llm.weights_file import load_drafter, save_weights
 
 
 @dataclass(frozen=True)
@@ -352,11 +352,10 @@ def save_streams(streams: SpeculativeStreams, path: Path, info: dict[str, object
 
 def load_streams(path: Path, model: Transformer) -> tuple[SpeculativeStreams, dict[str, object]]:
     """Streams saved by `save_streams`, in the model's dtype, plus their `info` metadata."""
-    tensors, settings, info = read_weights(path, "stream_config", "stream weights")
-    try:
-        config = StreamConfig(**settings)
-    except TypeError as err:
-        raise ValueError(f"{path} is not a stream weights file: {err}") from err
-    streams = SpeculativeStreams(model.config, config)
-    load_into(streams, tensors, path)
-    return streams.to(model.dtype).eval().requires_grad_(False), info
+    return load_drafter(
+        path,
+        "stream_config",
+        "stream weights",
+        lambda c: SpeculativeStreams(model.config, StreamConfig(**c)),
+        model.dtype,
+    )

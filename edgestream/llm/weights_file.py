@@ -7,6 +7,7 @@ so a weights file is self-describing; files are written atomically (temporary, t
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 from torch import Tensor, nn
@@ -45,3 +46,22 @@ def load_into(module: nn.Module, tensors: dict[str, Tensor], path: Path) -> None
         module.load_state_dict(tensors)
     except RuntimeError as err:
         raise ValueError(f"{path} does not fit this model: {str(err).splitlines()[0]}") from err
+
+
+def load_drafter(
+    path: Path,
+    config_key: str,
+    what: str,
+    build: Callable[[dict], nn.Module],
+    dtype: object,
+) -> tuple[nn.Module, dict]:
+    """A module saved by `save_weights`: `build(settings)` makes it (a TypeError there means
+    foreign settings), its tensors are loaded, and it is returned frozen in `dtype`, with
+    its `info`."""
+    tensors, settings, info = read_weights(path, config_key, what)
+    try:
+        module = build(settings)
+    except TypeError as err:
+        raise ValueError(f"{path} is not a {what} file: {err}") from err
+    load_into(module, tensors, path)
+    return module.to(dtype).eval().requires_grad_(False), info
