@@ -52,6 +52,7 @@ BACKEND_HELP = (
 # Options that several commands share, declared once.
 ChunkMs = Annotated[int, typer.Option(help="Streaming chunk (multiple of 40 ms).")]
 LeftChunks = Annotated[int, typer.Option(help="Attention context, in chunks.")]
+LM_BEAM = 16  # beam width with a language model: dev WER 21.8% at 8, 20.3% at 16 (docs/asr.md)
 JsonReport = Annotated[Path | None, typer.Option("--json", help="Also write JSON here.")]
 AsrModelName = Annotated[str, typer.Option(help="'default' (bundled) or a model file.")]
 
@@ -1071,6 +1072,40 @@ def asr_synth_command(
         stderr.print(f"{split}: {summary.manifests[split]} ({detail})")
 
 
+@asr_app.command("lm")
+@user_errors
+def asr_lm_command(
+    out: Annotated[Path, typer.Option(help="ARPA file to write (.arpa, or .arpa.gz compressed).")],
+    text: Annotated[
+        Path | None, typer.Option(help="Plain text to learn from (default: the task text).")
+    ] = None,
+    data: Annotated[Path | None, typer.Option(help="Shared data folder (sentence source).")] = None,
+    order: Annotated[int, typer.Option(help="n-gram order.")] = 3,
+    min_counts: Annotated[
+        str, typer.Option(help="Comma-separated count cut-off per order, lowest first.")
+    ] = "1,1,2",
+) -> None:
+    """Build a word n-gram language model (Kneser-Ney, ARPA) for beam search.
+
+    Without --text it learns from the train split of the task text that `asr synth` speaks
+    (never from dev or test sentences); with --text, from any UTF-8 text, normalised like
+    transcripts (lower case, numbers spelled out)."""
+    from edgestream.asr.lm import train_ngram, write_arpa
+    from edgestream.asr.text import load_splits, text_sentences
+
+    if out.exists():
+        raise ValueError(f"{out} exists: choose another --out or remove it")
+    try:
+        cutoffs = tuple(int(c) for c in min_counts.split(","))
+    except ValueError:
+        raise ValueError(f"--min-counts must be integers, got {min_counts!r}") from None
+    sentences = text_sentences(text) if text is not None else list(load_splits(data).train)
+    with stderr.status(f"counting {len(sentences)} sentences"):
+        lm = train_ngram(sentences, order, cutoffs)
+        write_arpa(lm, out)
+    stderr.print(f"wrote {out}: {lm.size} n-grams from {len(sentences)} sentences")
+
+
 @train_app.command("asr")
 @user_errors
 def train_asr_command(
@@ -1126,6 +1161,11 @@ def train_asr_command(
                     f"{time.time() - started:.0f} s"
                 )
                 return
+            if "averaged_dev_wer" in event:
+                bar.console.print(
+                    f"average of the last epochs: dev WER {event['averaged_dev_wer']:.2%}"
+                )
+                return
             info = (
                 f"epoch {event['epoch'] + 1:.0f} loss/token {event['loss']:.3f} "
                 f"lr {event['lr']:.1e}"
@@ -1152,10 +1192,34 @@ def train_asr_command(
         stderr.print(f"model: {export or final} ({world} processes, {time.time() - started:.0f} s)")
 
 
-def _streaming_options(chunk_ms: int, left_chunks: int, beam: int) -> object:
+LmName = Annotated[
+    str,
+    typer.Option(
+        "--lm",
+        help="Word LM for beam search: 'default' (bundled), 'none', or an ARPA file.",
+    ),
+]
+Beam = Annotated[
+    int | None,
+    typer.Option(
+        help="CTC prefix beam width; 0 decodes greedily, without the LM "
+        f"(default: {LM_BEAM} with an LM, else 0).",
+    ),
+]
+
+
+def _streaming_options(chunk_ms: int, left_chunks: int, beam: int | None, lm: str) -> object:
+    from edgestream.asr.lm import load_lm
     from edgestream.asr.streaming import StreamingOptions
 
-    return StreamingOptions(chunk_ms=chunk_ms, left_chunks=left_chunks, beam=beam)
+    if beam == 0:
+        lm = "none"
+    language_model = load_lm(lm)
+    if beam is None:
+        beam = LM_BEAM if language_model is not None else 0
+    return StreamingOptions(
+        chunk_ms=chunk_ms, left_chunks=left_chunks, beam=beam, lm=language_model
+    )
 
 
 def _show(table: object, report: object, json_path: Path | None) -> None:
@@ -1175,7 +1239,8 @@ def transcribe(
     backend: Annotated[str, typer.Option(help=BACKEND_HELP)] = "auto",
     chunk_ms: ChunkMs = 640,
     left_chunks: LeftChunks = 4,
-    beam: Annotated[int, typer.Option(help="CTC prefix beam width; 0 decodes greedily.")] = 0,
+    beam: Beam = None,
+    lm: LmName = "default",
     stream: Annotated[bool, typer.Option(help="Print partial results as they come.")] = False,
     threads: Annotated[int | None, typer.Option(help="CPU threads (default: PyTorch's).")] = None,
     json_output: Annotated[bool, typer.Option("--json", help="JSON Lines output.")] = False,
@@ -1189,7 +1254,7 @@ def transcribe(
 
     try:
         _set_threads(threads)
-        options = _streaming_options(chunk_ms, left_chunks, beam)
+        options = _streaming_options(chunk_ms, left_chunks, beam, lm)
         asr = load_streaming_model(model, backend, threads)
         asr.chunk_encoder(options.left_chunks * options.chunk_frames)  # settings it can run
     except (ValueError, FileNotFoundError) as err:
@@ -1230,7 +1295,8 @@ def bench_asr_command(
     model: AsrModelName = "default",
     chunk_ms: ChunkMs = 640,
     left_chunks: LeftChunks = 4,
-    beam: Annotated[int, typer.Option(help="CTC prefix beam width; 0 decodes greedily.")] = 0,
+    beam: Beam = None,
+    lm: LmName = "default",
     limit: Annotated[int | None, typer.Option(help="At most this many utterances.")] = None,
     pocketsphinx: Annotated[bool, typer.Option(help="Also run pocketsphinx.")] = True,
     backend: Annotated[str, typer.Option(help=BACKEND_HELP)] = "auto",
@@ -1243,7 +1309,7 @@ def bench_asr_command(
     from edgestream.asr.model_io import load_streaming_model
     from edgestream.bench.asr import bench_asr, read_bench_manifest
 
-    options = _streaming_options(chunk_ms, left_chunks, beam)
+    options = _streaming_options(chunk_ms, left_chunks, beam, lm)
     utterances = read_bench_manifest(manifest, limit)
     load_streaming_model(model, backend).chunk_encoder(  # bad model or settings: fail now
         options.left_chunks * options.chunk_frames
@@ -1296,7 +1362,7 @@ def bench_backends_command(
 
     from edgestream.bench.backends import bench_backends
 
-    options = _streaming_options(chunk_ms, left_chunks, 0)
+    options = _streaming_options(chunk_ms, left_chunks, 0, "none")
     chosen = tuple(b.strip() for b in backends.split(",") if b.strip())
     if not manifest.is_file():
         raise FileNotFoundError(f"no such manifest: {manifest}")
@@ -1334,7 +1400,7 @@ def bench_subsampling_command(
     from edgestream.asr.model_io import load_model
     from edgestream.bench.subsampling import subsampling_share
 
-    options = _streaming_options(chunk_ms, 4, 0)
+    options = _streaming_options(chunk_ms, 4, 0, "none")
     results = subsampling_share(load_model(model).model.config, options.chunk_frames)
     table = Table(title=f"Subsampling share of a {chunk_ms} ms streaming step (1 thread)")
     for column in ("subsampling", "params", "MFLOPs", "FLOPs share", "ms", "latency share"):
@@ -1368,7 +1434,7 @@ def export_asr_command(
     from edgestream.asr.export import export_onnx, max_step_difference
     from edgestream.asr.model_io import load_model
 
-    options = _streaming_options(chunk_ms, left_chunks, 0)
+    options = _streaming_options(chunk_ms, left_chunks, 0, "none")
     if out.exists() and not out.is_dir():
         raise ValueError(f"--out {out} exists and is not a folder")
     asr = load_model(model)
@@ -1411,6 +1477,7 @@ def assist(
     ] = None,
     max_new_tokens: Annotated[int, typer.Option(help="Upper bound on answer tokens.")] = 128,
     chunk_ms: ChunkMs = 640,
+    lm: LmName = "default",
     compare: Annotated[
         bool, typer.Option(help="Also decode the answer with ar: speedup and exact match.")
     ] = True,
@@ -1430,7 +1497,7 @@ def assist(
         asr_model=asr_model,
         llm=llm,
         streams_path=streams,
-        streaming=_streaming_options(chunk_ms, 4, 0),
+        streaming=_streaming_options(chunk_ms, 4, None, lm),
         max_new_tokens=max_new_tokens,
     )
     assistant = Assistant.load(config)
@@ -1491,6 +1558,7 @@ def serve(
     ] = None,
     max_new_tokens: Annotated[int, typer.Option(help="Default upper bound on answers.")] = 128,
     max_streams: Annotated[int, typer.Option(help="Concurrent audio streams allowed.")] = 16,
+    lm: LmName = "default",
     threads: Annotated[int | None, typer.Option(help="CPU threads (default: PyTorch's).")] = None,
 ) -> None:
     """Serve the voice assistant: a web page, streaming transcription and answers."""
@@ -1507,7 +1575,11 @@ def serve(
     _set_threads(threads)
     _quiet_libraries()
     config = AssistantConfig(
-        asr_model=asr_model, llm=llm, streams_path=streams, max_new_tokens=max_new_tokens
+        asr_model=asr_model,
+        llm=llm,
+        streams_path=streams,
+        streaming=_streaming_options(640, 4, None, lm),
+        max_new_tokens=max_new_tokens,
     )
     assistant = Assistant.load(config)
     methods = assistant.methods()  # loads the stream weights now, not on the first request

@@ -12,11 +12,13 @@ import base64
 import io
 import math
 from collections import defaultdict
+from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
 import sentencepiece as spm
 
+from edgestream.asr.lm import BOS, NgramLm
 from edgestream.asr.text import VOCAB
 
 BLANK = 0
@@ -33,6 +35,10 @@ class Vocabulary(Protocol):
 
     def is_word_end(self, token: int) -> bool:
         """Whether a word certainly ends after `token` (endpointing may cut there)."""
+        ...
+
+    def piece_text(self, token: int) -> str:
+        """The text `token` appends to a transcript, a space marking a word break."""
         ...
 
     def to_metadata(self) -> dict[str, str]: ...
@@ -67,6 +73,9 @@ class CharVocabulary:
 
     def is_word_end(self, token: int) -> bool:
         return self.characters[token - 1] == " "
+
+    def piece_text(self, token: int) -> str:
+        return self.characters[token - 1]
 
     def to_metadata(self) -> dict[str, str]:
         return {"vocabulary": "char", "characters": self.characters}
@@ -108,6 +117,9 @@ class BpeVocabulary:
 
     def is_word_end(self, token: int) -> bool:
         return False  # a piece never says that the word is over: the next one would
+
+    def piece_text(self, token: int) -> str:
+        return self._processor.id_to_piece(token - 1).replace("\u2581", " ")
 
     def to_metadata(self) -> dict[str, str]:
         return {"vocabulary": "bpe", "sentencepiece": base64.b64encode(self.model_proto).decode()}
@@ -167,28 +179,92 @@ def _logaddexp(a: float, b: float) -> float:
     return max(a, b) + math.log1p(math.exp(-abs(a - b)))
 
 
+@dataclass(frozen=True)
+class LmFusion:
+    """Shallow fusion of a word language model into CTC prefix beam search.
+
+    A prefix scores log p_ctc + weight * ln p_lm(words) + word_bonus * words, the LM term
+    added as each word completes (Hannun et al., 2014); the bonus offsets the LM's per-word
+    cost, which would otherwise favour dropping words. Words outside the LM score as <unk>
+    plus `unknown_penalty` per character, and so does an unfinished word that no LM word
+    begins with: without that, a prefix that never finishes its unknown word (running the
+    next words into it) dodges the LM and wins (measured: the LM then raised the dev WER from
+    39.7% to 47.9%); per character, so that a run-on costs more than the words it swallows.
+    """
+
+    lm: NgramLm
+    vocabulary: Vocabulary
+    # Defaults chosen on the dev set (docs/asr.md): weight 0.5, bonus 2, -1.5 per character.
+    weight: float = 0.5
+    word_bonus: float = 2.0
+    unknown_penalty: float = -1.5  # per character of an unknown word
+
+
+@dataclass(frozen=True)
+class _Words:
+    """What a prefix means to the LM: the last complete words, the unfinished one, its score."""
+
+    context: tuple[str, ...]
+    partial: str
+    score: float
+
+
 class PrefixBeamDecoder:
-    """Incremental CTC prefix beam search (Hannun et al., 2014), without a language model.
+    """Incremental CTC prefix beam search (Hannun et al., 2014), optionally with a word LM.
 
     Every prefix keeps two log-scores: ending in blank and ending in its last label, so that
     "a a" (with a blank between) and "a" (repeated frames) stay distinct. Per frame only the
-    `token_beam` best tokens are expanded, then the `beam` best prefixes kept.
+    `token_beam` best tokens are expanded, then the `beam` best prefixes kept (ranked with the
+    LM's score where there is one).
     """
 
-    def __init__(self, beam: int = 8, token_beam: int = 8) -> None:
+    def __init__(self, beam: int = 8, token_beam: int = 8, fusion: LmFusion | None = None) -> None:
         if beam < 1 or token_beam < 1:
             raise ValueError(f"expected beam, token_beam >= 1, got {beam}, {token_beam}")
-        self.beam, self.token_beam = beam, token_beam
+        self.beam, self.token_beam, self.fusion = beam, token_beam, fusion
         self._beams: dict[tuple[int, ...], tuple[float, float]] = {(): (0.0, -math.inf)}
+        self._words: dict[tuple[int, ...], _Words] = {(): _Words((BOS,), "", 0.0)}
 
     @property
     def ids(self) -> list[int]:
-        """The best prefix so far."""
-        return list(max(self._beams.items(), key=lambda kv: _logaddexp(*kv[1]))[0])
+        """The best prefix so far (its unfinished word scored as if complete)."""
+        return list(max(self._beams, key=lambda prefix: self._score(prefix, final=True)))
 
     def advance(self, log_probs: np.ndarray) -> None:
         for frame in log_probs:
             self._step(frame)
+
+    def _score(self, prefix: tuple[int, ...], final: bool = False) -> float:
+        acoustic = _logaddexp(*self._beams[prefix])
+        if self.fusion is None:
+            return acoustic
+        words = self._words[prefix]
+        if final and words.partial:
+            words = self._complete(words)
+        elif words.partial and not self.fusion.lm.starts_a_word(words.partial):
+            return acoustic + words.score + self.fusion.unknown_penalty * len(words.partial)
+        return acoustic + words.score
+
+    def _complete(self, words: _Words) -> _Words:
+        fusion = self.fusion
+        assert fusion is not None
+        gain = fusion.weight * fusion.lm.log_prob(words.context, words.partial)
+        if words.partial not in fusion.lm:
+            gain += fusion.unknown_penalty * len(words.partial)
+        context = (*words.context, words.partial)[-max(1, fusion.lm.order - 1) :]
+        return _Words(context, "", words.score + gain + fusion.word_bonus)
+
+    def _extend(self, prefix: tuple[int, ...], token: int) -> tuple[int, ...]:
+        extended = (*prefix, token)
+        if self.fusion is not None and extended not in self._words:
+            words = self._words[prefix]
+            for character in self.fusion.vocabulary.piece_text(token):
+                if character != " ":
+                    words = _Words(words.context, words.partial + character, words.score)
+                elif words.partial:
+                    words = self._complete(words)
+            self._words[extended] = words
+        return extended
 
     def _step(self, frame: np.ndarray) -> None:
         candidates = np.argsort(frame)[::-1][: self.token_beam]
@@ -201,7 +277,7 @@ class PrefixBeamDecoder:
                     entry = scores[prefix]
                     entry[0] = _logaddexp(entry[0], total + p)
                     continue
-                extended = scores[(*prefix, token)]
+                extended = scores[self._extend(prefix, token)]
                 if prefix and prefix[-1] == token:
                     # A repeat extends only from a blank; without one it merges into prefix.
                     extended[1] = _logaddexp(extended[1], p_blank + p)
@@ -209,12 +285,17 @@ class PrefixBeamDecoder:
                     same[1] = _logaddexp(same[1], p_label + p)
                 else:
                     extended[1] = _logaddexp(extended[1], total + p)
-        ranked = sorted(scores.items(), key=lambda kv: -_logaddexp(*kv[1]))[: self.beam]
-        self._beams = {prefix: (s[0], s[1]) for prefix, s in ranked}
+        self._beams = {prefix: (s[0], s[1]) for prefix, s in scores.items()}
+        ranked = sorted(self._beams, key=self._score, reverse=True)[: self.beam]
+        self._beams = {prefix: self._beams[prefix] for prefix in ranked}
+        if self.fusion is not None:
+            self._words = {prefix: self._words[prefix] for prefix in ranked}
 
 
-def ctc_prefix_beam_search(log_probs: np.ndarray, beam: int = 8, token_beam: int = 8) -> list[int]:
+def ctc_prefix_beam_search(
+    log_probs: np.ndarray, beam: int = 8, token_beam: int = 8, fusion: LmFusion | None = None
+) -> list[int]:
     """The most probable label sequence of (T, V) log-probs by prefix beam search."""
-    decoder = PrefixBeamDecoder(beam, token_beam)
+    decoder = PrefixBeamDecoder(beam, token_beam, fusion)
     decoder.advance(log_probs)
     return decoder.ids

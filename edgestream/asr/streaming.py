@@ -12,8 +12,11 @@ Endpointing follows sherpa-onnx's rules, counted in encoder frames whose best to
 a segment ends after `silence_before_text_s` of it when nothing was recognised yet, after
 `silence_after_text_s` once something was, or, past `max_segment_s`, at the next word break.
 An endpoint closes the current segment's text and restarts the decoder; the acoustic caches
-carry on, so endpoints do not change the text, only how it is split (except that a pause of
-`silence_after_text_s` always separates words).
+carry on, so with greedy decoding endpoints do not change the text, only how it is split
+(except that a pause of `silence_after_text_s` always separates words). With beam search an
+endpoint commits the best prefix and restarts the language model's context at a sentence
+start, as any streaming recognizer must; between endpoints the text equals a one-shot beam
+search over the same frames (tested).
 """
 
 from __future__ import annotations
@@ -24,8 +27,9 @@ from typing import Protocol
 import numpy as np
 
 from edgestream.asr.conformer import SUBSAMPLING_CONTEXT, SUBSAMPLING_FACTOR, subsampled_length
-from edgestream.asr.decode import BLANK, GreedyDecoder, PrefixBeamDecoder, Vocabulary
+from edgestream.asr.decode import BLANK, GreedyDecoder, LmFusion, PrefixBeamDecoder, Vocabulary
 from edgestream.asr.features import SAMPLE_RATE, GlobalCmvn, StreamingFbank
+from edgestream.asr.lm import NgramLm
 
 ENCODER_FRAME_MS = 40  # 10 ms fbank hop x subsampling by 4
 
@@ -35,6 +39,10 @@ class StreamingOptions:
     chunk_ms: int = 640
     left_chunks: int = 4  # attention context before the current chunk, in chunks
     beam: int = 0  # 0: greedy; otherwise the prefix beam search width
+    lm: NgramLm | None = None  # a word LM fused into the beam search (needs beam >= 1)
+    lm_weight: float = LmFusion.weight
+    word_bonus: float = LmFusion.word_bonus
+    unknown_penalty: float = LmFusion.unknown_penalty
     silence_before_text_s: float = 2.4
     silence_after_text_s: float = 1.2
     max_segment_s: float = 20.0
@@ -49,6 +57,8 @@ class StreamingOptions:
             raise ValueError(f"expected left_chunks >= 0, got {self.left_chunks}")
         if self.beam < 0:
             raise ValueError(f"expected beam >= 0, got {self.beam}")
+        if self.lm is not None and self.beam == 0:
+            raise ValueError("a language model needs beam search: expected beam >= 1")
 
     @property
     def chunk_frames(self) -> int:
@@ -92,7 +102,19 @@ class Recognizer:
         self.finished = False
 
     def _new_decoder(self) -> GreedyDecoder | PrefixBeamDecoder:
-        return PrefixBeamDecoder(self.options.beam) if self.options.beam else GreedyDecoder()
+        options = self.options
+        if not options.beam:
+            return GreedyDecoder()
+        fusion = None
+        if options.lm is not None:
+            fusion = LmFusion(
+                options.lm,
+                self.asr.vocabulary,
+                options.lm_weight,
+                options.word_bonus,
+                options.unknown_penalty,
+            )
+        return PrefixBeamDecoder(options.beam, fusion=fusion)
 
     @property
     def text(self) -> str:

@@ -312,6 +312,26 @@ def extract_sentences(
     return sorted(found)
 
 
+def text_sentences(path: str | Path) -> list[str]:
+    """The sentences of a UTF-8 text file, normalised like transcripts, of any length."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"no such text file: {path}")
+    try:
+        text = path.read_text("utf-8")
+    except UnicodeDecodeError:
+        raise ValueError(f"{path} is not UTF-8 text") from None
+    sentences = []
+    for line in text.splitlines():
+        for raw in split_sentences(line):
+            sentence = normalize_sentence(raw, min_words=1, max_words=10_000)
+            if sentence is not None:
+                sentences.append(sentence)
+    if not sentences:
+        raise ValueError(f"{path} has no sentences to learn from")
+    return sentences
+
+
 def split_of(sentence: str, dev_fraction: float = 0.03, test_fraction: float = 0.05) -> str:
     """`"train"`, `"dev"` or `"test"` for a normalised sentence, from a hash of its text alone.
 

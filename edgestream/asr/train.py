@@ -14,6 +14,10 @@
 - AdamW, linear warm-up then cosine decay; gradient clipping; checkpoints written atomically
   every epoch and resumed; validation WER every epoch on the dev manifest, streaming at
   `eval_chunk` frames with `eval_left_chunks` left chunks.
+- The released weights average the last `average_epochs` epochs' weights (as WeNet's
+  `average_model.py` and icefall do): each epoch's weights are kept beside the checkpoint
+  until they fall out of the window. The dev WER of the average is recorded next to the last
+  epoch's.
 - Runs under `torchrun --nproc_per_node=N` (DistributedDataParallel over gloo on CPU).
 """
 
@@ -34,6 +38,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 
 from edgestream.asr.conformer import ConformerConfig, ConformerCTC
@@ -76,11 +81,14 @@ class TrainConfig:
     eval_left_chunks: int = 4
     eval_utterances: int = 300
     vocabulary: str = "char"  # or "bpe-N": N SentencePiece BPE pieces learnt from the texts
+    average_epochs: int = 1  # the released model averages the last N epochs' weights
     seed: int = 0
 
     def __post_init__(self) -> None:
         if self.epochs < 1 or self.max_frames < 100 or self.lr <= 0:
             raise ValueError("expected epochs >= 1, max_frames >= 100 and lr > 0")
+        if self.average_epochs < 1:
+            raise ValueError("expected average_epochs >= 1")
         if not 0 <= self.min_lead_silence_frames <= self.max_lead_silence_frames:
             raise ValueError("expected 0 <= min_lead_silence_frames <= max_lead_silence_frames")
         if self.max_lead_silence_frames + self.max_trail_silence_frames > 300:
@@ -303,6 +311,32 @@ def _shared_vocabulary(
 ProgressFn = Callable[[dict[str, float]], None]
 
 
+def _epoch_weights(out_dir: Path, epoch: int) -> Path:
+    return out_dir / f"epoch-{epoch}.safetensors"
+
+
+def _keep_epoch_weights(model: ConformerCTC, out_dir: Path, epoch: int, keep: int) -> None:
+    """Write this epoch's weights atomically and delete those that left the averaging window."""
+    path = _epoch_weights(out_dir, epoch)
+    temporary = path.with_name(f".{path.name}.tmp")
+    save_file(
+        {k: v.detach().clone().contiguous() for k, v in model.state_dict().items()}, str(temporary)
+    )
+    os.replace(temporary, path)
+    for old in out_dir.glob("epoch-*.safetensors"):
+        if int(old.stem.split("-")[1]) <= epoch - keep:
+            old.unlink()
+
+
+def average_epoch_weights(out_dir: Path, epochs: list[int]) -> dict[str, Tensor]:
+    """The element-wise mean of the given epochs' weights (accumulated in float64)."""
+    total: dict[str, Tensor] = {}
+    for epoch in epochs:
+        for name, value in load_file(str(_epoch_weights(out_dir, epoch))).items():
+            total[name] = total.get(name, 0) + value.double()
+    return {name: (value / len(epochs)).float() for name, value in total.items()}
+
+
 def train_asr(
     train_manifest: Path,
     dev_manifest: Path,
@@ -376,6 +410,16 @@ def train_asr(
     elif start is not None:
         model.load_state_dict(start.model.state_dict())
     trainer: nn.Module = nn.parallel.DistributedDataParallel(model) if world > 1 else model
+    dev_wer = functools.partial(
+        evaluate,
+        model,
+        dev_store,
+        cmvn,
+        vocabulary,
+        config.eval_chunk,
+        config.eval_left_chunks,
+        config.eval_utterances,
+    )
     batches = length_batches(train_store.lengths, config.max_frames)
     per_rank = len(batches) // world  # equal counts: DDP needs every rank at every step
     total_steps = per_rank * config.epochs
@@ -413,18 +457,11 @@ def train_asr(
                 )
         epoch += 1
         if rank == 0:
-            wer = evaluate(
-                model,
-                dev_store,
-                cmvn,
-                vocabulary,
-                config.eval_chunk,
-                config.eval_left_chunks,
-                config.eval_utterances,
-            )
+            wer = dev_wer()
             history.append({"epoch": epoch, "step": step, "dev_wer": wer})
             if progress is not None:
                 progress({"epoch": epoch, "dev_wer": wer})
+            _keep_epoch_weights(model, out_dir, epoch, config.average_epochs)
             save_atomic(
                 {
                     "model": model.state_dict(),
@@ -441,6 +478,14 @@ def train_asr(
             dist.barrier()
     final = out_dir / "model.safetensors"
     if rank == 0:
+        averaged = [e for e in range(epoch - config.average_epochs + 1, epoch + 1) if e >= 1]
+        averaged = [e for e in averaged if _epoch_weights(out_dir, e).exists()]
+        if len(averaged) > 1:
+            model.load_state_dict(average_epoch_weights(out_dir, averaged))
+            wer = dev_wer()
+            history.append({"averaged_epochs": averaged, "dev_wer": wer})
+            if progress is not None:
+                progress({"epoch": epoch, "averaged_dev_wer": wer})
         model.eval()
         save_model(
             final, model, cmvn, vocabulary, {"train_config": asdict(config), "history": history}

@@ -148,6 +148,12 @@ def run_pocketsphinx(
     return hypotheses, seconds, processing
 
 
+def _decoder_name(options: StreamingOptions) -> str:
+    if not options.beam:
+        return "greedy"
+    return f"prefix beam {options.beam}" + (" + word LM" if options.lm is not None else "")
+
+
 def bench_asr(
     model: str,
     utterances: list[Utterance],
@@ -178,7 +184,7 @@ def bench_asr(
         else ("onnx" if model.endswith(".onnx") else "torch"),
         "chunk_ms": options.chunk_ms,
         "left_chunks": options.left_chunks,
-        "decoder": f"prefix beam {options.beam}" if options.beam else "greedy",
+        "decoder": _decoder_name(options),
         "overall": table.pop("overall"),
         "groups": table,
     }

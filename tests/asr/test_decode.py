@@ -10,12 +10,14 @@ from hypothesis import strategies as st
 from edgestream.asr.decode import (
     CharVocabulary,
     GreedyDecoder,
+    LmFusion,
     PrefixBeamDecoder,
     ctc_greedy,
     ctc_prefix_beam_search,
     make_vocabulary,
     vocabulary_from_metadata,
 )
+from edgestream.asr.lm import train_ngram
 
 
 def _log_probs(seed: int, frames: int, vocab: int) -> np.ndarray:
@@ -92,3 +94,55 @@ def test_bpe_vocabulary_round_trips_and_survives_its_metadata() -> None:
     assert again.decode(ids) == vocabulary.decode(ids) == "the dog sat on the mat"
     with pytest.raises(ValueError, match="unknown vocabulary"):
         make_vocabulary("wordpiece", texts)
+
+
+LM_TEXT = ["why is the sky blue", "the sky is blue", "is the sea blue", "the sky at night"] * 3
+
+
+def _spelling(pairs: list[tuple[str, str]], confidence: float = 0.55) -> np.ndarray:
+    """One frame per (heard, meant) character pair, each followed by a blank frame: the model
+    hears `heard` with `confidence` and `meant` with the rest."""
+    vocabulary, rows = CharVocabulary(), []
+    for heard, meant in pairs:
+        row = np.full(len(vocabulary), 1e-4)
+        row[vocabulary.encode(heard)[0]] += confidence
+        row[vocabulary.encode(meant)[0]] += 1 - confidence
+        rows += [row / row.sum(), np.eye(len(vocabulary))[0] * 0.99 + 0.01 / len(vocabulary)]
+    return np.log(np.array(rows))
+
+
+def test_lm_fusion_turns_what_was_heard_into_the_words_it_knows() -> None:
+    vocabulary = CharVocabulary()
+    heard, meant = "why is the scki blue", "why is the sky  blue"
+    log_probs = _spelling(list(zip(heard, meant, strict=True)))
+    plain = vocabulary.decode(ctc_prefix_beam_search(log_probs, 16, 8))
+    assert plain == heard
+    fusion = LmFusion(train_ngram(LM_TEXT, 3, (1, 1, 1)), vocabulary, 0.5, 2.0, -1.5)
+    assert (
+        vocabulary.decode(ctc_prefix_beam_search(log_probs, 16, 8, fusion)) == "why is the sky blue"
+    )
+
+
+def test_lm_fusion_with_nothing_to_add_is_plain_beam_search() -> None:
+    vocabulary = CharVocabulary()
+    neutral = LmFusion(train_ngram(LM_TEXT, 3), vocabulary, 0.0, 0.0, 0.0)
+    for seed in range(5):
+        log_probs = _log_probs(seed, frames=40, vocab=len(vocabulary))
+        assert ctc_prefix_beam_search(log_probs, 6, 6, neutral) == ctc_prefix_beam_search(
+            log_probs, 6, 6
+        )
+
+
+@settings(max_examples=15, deadline=None)
+@given(st.integers(0, 10_000), st.lists(st.integers(1, 9), min_size=1, max_size=5))
+def test_lm_fusion_is_the_same_whatever_the_pieces(seed: int, cuts: list[int]) -> None:
+    vocabulary = CharVocabulary()
+    fusion = LmFusion(train_ngram(LM_TEXT, 3), vocabulary)
+    log_probs = _log_probs(seed, frames=40, vocab=len(vocabulary))
+    decoder, start = PrefixBeamDecoder(6, 6, fusion), 0
+    for cut in itertools.cycle(cuts):
+        if start >= len(log_probs):
+            break
+        decoder.advance(log_probs[start : start + cut])
+        start += cut
+    assert decoder.ids == ctc_prefix_beam_search(log_probs, 6, 6, fusion)

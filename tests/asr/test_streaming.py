@@ -6,20 +6,25 @@ import numpy as np
 import pytest
 import torch
 
-from edgestream.asr.decode import ctc_greedy
+from edgestream.asr.decode import LmFusion, ctc_greedy, ctc_prefix_beam_search
 from edgestream.asr.features import compute_fbank, load_audio
+from edgestream.asr.lm import train_ngram
 from edgestream.asr.manifest import read_manifest
 from edgestream.asr.model_io import load_model
 from edgestream.asr.streaming import Recognizer, StreamingOptions
 
 
-def _offline_text(asr, samples: np.ndarray, options: StreamingOptions) -> str:
+def _offline_log_probs(asr, samples: np.ndarray, options: StreamingOptions) -> np.ndarray:
     features = torch.from_numpy(asr.cmvn.normalize(compute_fbank(samples)))[None]
     with torch.no_grad():
         log_probs, _ = asr.model(
             features, torch.tensor([features.shape[1]]), options.chunk_frames, options.left_chunks
         )
-    return asr.vocabulary.decode(ctc_greedy(log_probs[0].numpy()))
+    return log_probs[0].numpy()
+
+
+def _offline_text(asr, samples: np.ndarray, options: StreamingOptions) -> str:
+    return asr.vocabulary.decode(ctc_greedy(_offline_log_probs(asr, samples, options)))
 
 
 def _stream(asr, samples: np.ndarray, options: StreamingOptions, seed: int) -> Recognizer:
@@ -44,6 +49,35 @@ def test_streaming_text_equals_the_offline_chunk_masked_pass(
         streamed = _stream(asr, samples, options, seed=number).text
         assert len(streamed) > 5  # random weights: many (arbitrary) characters to compare
         assert streamed == _offline_text(asr, samples, options)
+
+
+@pytest.mark.parametrize(("chunk_ms", "left_chunks"), [(160, 2), (640, 4)])
+def test_streaming_with_a_language_model_equals_the_offline_beam_search(
+    random_model: Path, tiny_corpus: Path, chunk_ms: int, left_chunks: int
+) -> None:
+    asr = load_model(random_model)
+    entries = read_manifest(tiny_corpus / "dev.jsonl")
+    lm = train_ngram([entry.text for entry in read_manifest(tiny_corpus / "train.jsonl")], 3)
+    options = StreamingOptions(
+        chunk_ms=chunk_ms,
+        left_chunks=left_chunks,
+        beam=6,
+        lm=lm,
+        # An endpoint commits the beam's best prefix and restarts the LM context, so the
+        # one-shot search over the whole utterance is the reference only without endpoints.
+        silence_before_text_s=1e9,
+        silence_after_text_s=1e9,
+        max_segment_s=1e9,
+    )
+    fusion = LmFusion(lm, asr.vocabulary)  # the default settings, as in the options
+    for number, entry in enumerate(entries):
+        samples = load_audio(tiny_corpus / entry.audio)
+        streamed = _stream(asr, samples, options, seed=number).text
+        log_probs = _offline_log_probs(asr, samples, options)
+        offline = ctc_prefix_beam_search(log_probs, options.beam, fusion=fusion)
+        assert streamed == asr.vocabulary.decode(offline)
+    with pytest.raises(ValueError, match="needs beam search"):
+        StreamingOptions(lm=lm)
 
 
 def _frames(asr, pattern: str) -> np.ndarray:

@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from safetensors.torch import load_file
 
 from edgestream.asr.features import compute_fbank
 from edgestream.asr.model_io import load_model
@@ -96,6 +97,32 @@ def test_training_lowers_the_loss_resumes_and_writes_a_loadable_model(
             replace(TINY, num_layers=3),
             FAST,
         )
+
+
+def test_the_released_weights_average_the_last_epochs(tiny_corpus: Path, tmp_path: Path) -> None:
+    events: list[dict[str, float]] = []
+    config = replace(FAST, average_epochs=2)
+    final = train_asr(
+        tiny_corpus / "train.jsonl",
+        tiny_corpus / "dev.jsonl",
+        tmp_path,
+        TINY,
+        config,
+        events.append,
+    )
+    # Only the averaging window is kept on disk.
+    assert sorted(p.name for p in tmp_path.glob("epoch-*")) == [
+        "epoch-2.safetensors",
+        "epoch-3.safetensors",
+    ]
+    second, third = (load_file(str(tmp_path / f"epoch-{e}.safetensors")) for e in (2, 3))
+    released = load_model(final).model.state_dict()
+    assert not torch.equal(second["head.weight"], third["head.weight"])  # a real average
+    for name, value in released.items():
+        torch.testing.assert_close(value, (second[name] + third[name]) / 2)
+    history = load_model(final).info["history"]
+    assert history[-1]["averaged_epochs"] == [2, 3] and history[-1]["dev_wer"] >= 0
+    assert any("averaged_dev_wer" in event for event in events)
 
 
 def test_a_bpe_vocabulary_trains_and_travels_in_the_model_file(

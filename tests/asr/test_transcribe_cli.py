@@ -10,6 +10,7 @@ import pytest
 import soundfile as sf
 from typer.testing import CliRunner
 
+from edgestream.asr.lm import load_lm, train_ngram, write_arpa
 from edgestream.asr.manifest import read_manifest
 from edgestream.asr.model_io import load_model
 from edgestream.asr.streaming import StreamingOptions
@@ -88,6 +89,26 @@ def test_cli_refuses_an_unknown_model_and_bad_options(tiny_corpus: Path, tmp_pat
     assert corrupt.exit_code == 2 and "not a readable safetensors file" in corrupt.stderr
     chunk = runner.invoke(app, ["transcribe", audio, "--chunk-ms", "100"])
     assert chunk.exit_code == 2 and "chunk" in chunk.stderr
+    missing_lm = runner.invoke(app, ["transcribe", audio, "--lm", str(tmp_path / "no.arpa")])
+    assert missing_lm.exit_code == 2 and "no.arpa does not exist" in missing_lm.stderr
+
+
+def test_cli_language_model_choices(random_model: Path, tiny_corpus: Path, tmp_path: Path) -> None:
+    audio, model = str(_first_audio(tiny_corpus)), str(random_model)
+
+    def text(*options: str) -> str:
+        done = runner.invoke(app, ["transcribe", audio, "--model", model, "--json", *options])
+        assert done.exit_code == 0, done.output
+        return json.loads(done.stdout)["text"]
+
+    asr = load_model(random_model)
+    greedy = transcribe_file(asr, _first_audio(tiny_corpus), StreamingOptions()).text
+    assert text("--lm", "none") == text("--beam", "0") == greedy
+    lm_file = tmp_path / "lm.arpa"
+    write_arpa(train_ngram(["the cat sat on the mat", "a dog ran"]), lm_file)
+    with_lm = StreamingOptions(beam=16, lm=load_lm(lm_file))
+    expected = transcribe_file(asr, _first_audio(tiny_corpus), with_lm).text
+    assert text("--lm", str(lm_file)) == expected
 
 
 def test_bench_asr_writes_the_report(random_model: Path, tiny_corpus: Path, tmp_path: Path) -> None:
