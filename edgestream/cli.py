@@ -1249,11 +1249,14 @@ def transcribe(
 
     rtf = processing seconds / audio seconds; first_partial_ms = when the first words would
     have appeared, had the audio arrived live."""
-    from edgestream.asr.model_io import load_streaming_model
+    from edgestream.asr.backends import load_streaming_model, resolve_backend
     from edgestream.asr.transcribe import transcribe_file
 
     try:
-        _set_threads(threads)
+        if threads is not None and threads < 1:
+            raise ValueError(f"--threads must be at least 1, got {threads}")
+        if resolve_backend(model, backend) != "onnx":  # onnxruntime takes them per session
+            _set_threads(threads)
         options = _streaming_options(chunk_ms, left_chunks, beam, lm)
         asr = load_streaming_model(model, backend, threads)
         asr.chunk_encoder(options.left_chunks * options.chunk_frames)  # settings it can run
@@ -1306,7 +1309,7 @@ def bench_asr_command(
     from rich.progress import Progress
     from rich.table import Table
 
-    from edgestream.asr.model_io import load_streaming_model
+    from edgestream.asr.backends import load_streaming_model
     from edgestream.bench.asr import bench_asr, read_bench_manifest
 
     options = _streaming_options(chunk_ms, left_chunks, beam, lm)

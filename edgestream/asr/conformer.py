@@ -23,9 +23,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from edgestream.asr.frames import SUBSAMPLING_CONTEXT, SUBSAMPLING_FACTOR, encoder_frames
+
 SUBSAMPLING_KINDS = ("dwsep", "conv2d")
-SUBSAMPLING_FACTOR = 4
-SUBSAMPLING_CONTEXT = 7  # fbank frames behind one subsampled frame (two kernel-3, stride-2 convs)
 
 
 @dataclass(frozen=True)
@@ -69,7 +69,7 @@ def subsampled_length(frames: int | Tensor) -> int | Tensor:
     """
     if isinstance(frames, Tensor):
         return torch.clamp((frames - SUBSAMPLING_CONTEXT) // SUBSAMPLING_FACTOR + 1, min=0)
-    return max(0, (frames - SUBSAMPLING_CONTEXT) // SUBSAMPLING_FACTOR + 1)
+    return encoder_frames(frames)
 
 
 class Subsampling(nn.Module):

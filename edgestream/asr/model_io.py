@@ -22,7 +22,7 @@ from edgestream.asr.decode import Vocabulary, vocabulary_from_metadata
 from edgestream.asr.features import GlobalCmvn
 
 if TYPE_CHECKING:
-    from edgestream.asr.streaming import StreamingModel
+    pass
 
 FORMAT = "edgestream-conformer-ctc/1"
 WEIGHTS_DIR = Path(__file__).parent / "weights"
@@ -115,37 +115,3 @@ def load_model(name: str | Path = "default") -> AsrModel:
         json.loads(metadata["info"]),
         path,
     )
-
-
-BACKENDS = ("auto", "torch", "accelerator", "onnx")
-
-
-def load_streaming_model(
-    name: str | Path = "default", backend: str = "auto", threads: int | None = None
-) -> StreamingModel:
-    """A model for the `Recognizer`: PyTorch (a bundled name or .safetensors file), the same
-    weights in the accelerator layout ("accelerator", see `accelerator.py`), or onnxruntime
-    (a .onnx file from `edgestream export asr`). "auto" goes by the file suffix. `threads`
-    sets onnxruntime's threads; PyTorch's are set with `torch.set_num_threads`."""
-    if backend not in BACKENDS:
-        raise ValueError(f"unknown backend {backend!r}: expected one of {', '.join(BACKENDS)}")
-    is_onnx = str(name).endswith(".onnx")
-    if backend == "auto":
-        backend = "onnx" if is_onnx else "torch"
-    if backend == "onnx":
-        if not is_onnx:
-            raise ValueError(
-                f"--backend onnx runs an exported .onnx file, got {str(name)!r}: "
-                "make one with `edgestream export asr --out DIR`"
-            )
-        from edgestream.asr.onnx_runtime import load_onnx_model
-
-        return load_onnx_model(name, threads)
-    if is_onnx:
-        raise ValueError(f"{name} is an ONNX file: use --backend onnx (or auto)")
-    asr = load_model(name)
-    if backend == "accelerator":
-        from edgestream.asr.accelerator import AcceleratorConformer
-
-        asr.model = AcceleratorConformer(asr.model)  # type: ignore[assignment]
-    return asr

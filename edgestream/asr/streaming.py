@@ -26,12 +26,15 @@ from typing import Protocol
 
 import numpy as np
 
-from edgestream.asr.conformer import SUBSAMPLING_CONTEXT, SUBSAMPLING_FACTOR, subsampled_length
 from edgestream.asr.decode import BLANK, GreedyDecoder, LmFusion, PrefixBeamDecoder, Vocabulary
 from edgestream.asr.features import SAMPLE_RATE, GlobalCmvn, StreamingFbank
+from edgestream.asr.frames import (
+    ENCODER_FRAME_MS,
+    SUBSAMPLING_CONTEXT,
+    SUBSAMPLING_FACTOR,
+    encoder_frames,
+)
 from edgestream.asr.lm import NgramLm
-
-ENCODER_FRAME_MS = 40  # 10 ms fbank hop x subsampling by 4
 
 
 @dataclass(frozen=True)
@@ -154,7 +157,7 @@ class Recognizer:
 
     def _available_encoder_frames(self) -> int:
         total_fbank = self._features_start + len(self._features)
-        return int(subsampled_length(total_fbank)) - self._encoded
+        return encoder_frames(total_fbank) - self._encoded
 
     def _encode(self, frames: int) -> None:
         first = SUBSAMPLING_FACTOR * self._encoded - self._features_start

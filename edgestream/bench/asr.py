@@ -9,19 +9,19 @@ errors / total reference words), as a fraction.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import jiwer
 import numpy as np
-import torch
 
 from edgestream.asr.audio import read_audio
-from edgestream.asr.model_io import load_streaming_model
+from edgestream.asr.backends import load_streaming_model, resolve_backend
 from edgestream.asr.streaming import StreamingOptions
 from edgestream.asr.transcribe import transcribe_file
 from edgestream.bench.environment import peak_rss_mib
@@ -100,10 +100,8 @@ def run_edgestream(
     """Hypotheses, audio seconds and processing seconds per utterance, on `threads` threads
     (PyTorch's thread count, or the onnxruntime session's)."""
     asr = load_streaming_model(model, backend, threads)
-    previous = torch.get_num_threads()
-    torch.set_num_threads(threads)
     hypotheses, seconds, processing = [], [], []
-    try:
+    with _torch_threads(threads, resolve_backend(model, backend) != "onnx"):
         for done, utterance in enumerate(utterances, 1):
             result = transcribe_file(asr, utterance.audio, options)
             hypotheses.append(result.text)
@@ -111,9 +109,24 @@ def run_edgestream(
             processing.append(result.rtf * result.duration)
             if progress is not None:
                 progress(done, len(utterances))
+    return hypotheses, seconds, processing
+
+
+@contextlib.contextmanager
+def _torch_threads(threads: int, needed: bool) -> Iterator[None]:
+    """PyTorch's thread count for the block (onnxruntime's is set on its session, and the
+    onnx path never imports PyTorch)."""
+    if not needed:
+        yield
+        return
+    import torch
+
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        yield
     finally:
         torch.set_num_threads(previous)
-    return hypotheses, seconds, processing
 
 
 def pocketsphinx_available() -> bool:

@@ -6,8 +6,6 @@ import os
 import platform
 from importlib.metadata import PackageNotFoundError, version
 
-import torch
-
 
 def cpu_model() -> str:
     """The CPU's marketing name from /proc/cpuinfo, or the platform's best guess elsewhere."""
@@ -34,7 +32,7 @@ def machine_facts(threads: int) -> dict[str, object]:
         "cpu_count": os.cpu_count(),
         "threads": threads,
         "python": platform.python_version(),
-        "torch": torch.__version__,
+        "torch": _version("torch"),
         "transformers": _version("transformers"),
         "edgestream": _version("edgestream"),
     }

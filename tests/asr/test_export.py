@@ -3,16 +3,20 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 from typer.testing import CliRunner
 
+from edgestream.asr.backends import load_streaming_model
 from edgestream.asr.export import export_onnx, max_step_difference
 from edgestream.asr.features import load_audio
+from edgestream.asr.lm import load_lm
 from edgestream.asr.manifest import read_manifest
-from edgestream.asr.model_io import load_model, load_streaming_model
+from edgestream.asr.model_io import load_model
 from edgestream.asr.onnx_runtime import load_onnx_model
 from edgestream.asr.streaming import Recognizer, StreamingOptions
 from edgestream.cli import app
@@ -111,3 +115,26 @@ def test_cli_exports_then_transcribes_with_onnxruntime(
     assert mismatch.exit_code == 2 and "exported for --chunk-ms 640" in mismatch.stderr
     refused = runner.invoke(app, ["export", "asr", "--out", str(out), "--format", "coreml"])
     assert refused.exit_code == 2 and "unknown format 'coreml'" in refused.stderr
+
+
+def test_the_onnx_path_never_imports_pytorch(
+    random_model: Path, exported: dict[str, Path], tiny_corpus: Path
+) -> None:
+    """What an edge device without PyTorch runs: read audio, features, onnxruntime, the
+    beam search with the bundled word LM, and the CLI around them."""
+    audio = tiny_corpus / read_manifest(tiny_corpus / "test.jsonl")[0].audio
+    argv = ["edgestream", "transcribe", str(audio), "--model", str(exported["float32"])]
+    argv += ["--chunk-ms", "160", "--left-chunks", "2", "--threads", "1", "--json"]
+    code = (
+        "import sys\n"
+        "from edgestream.cli import main\n"
+        "import edgestream.bench.asr\n"
+        f"sys.argv = {argv!r}\n"
+        "try:\n    main()\nexcept SystemExit as exit:\n    assert not exit.code, exit.code\n"
+        "assert 'torch' not in sys.modules, 'PyTorch was imported'\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    options = StreamingOptions(chunk_ms=160, left_chunks=2, beam=16, lm=load_lm("default"))
+    expected = _stream(load_model(random_model), load_audio(audio), options).text
+    assert json.loads(done.stdout)["text"] == expected

@@ -1,0 +1,55 @@
+"""Choosing what runs the streaming step: PyTorch, the accelerator-layout graph, or onnxruntime.
+
+This module imports no PyTorch: the onnxruntime path (features, decoding and endpoints in
+numpy, the encoder step in onnxruntime) runs on a machine without it, and each backend's
+modules are imported only when that backend is asked for.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from edgestream.asr.streaming import StreamingModel
+
+BACKENDS = ("auto", "torch", "accelerator", "onnx")
+
+
+def resolve_backend(name: str | Path, backend: str = "auto") -> str:
+    """The backend that will run model `name`: "auto" goes by the file suffix."""
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown backend {backend!r}: expected one of {', '.join(BACKENDS)}")
+    is_onnx = str(name).endswith(".onnx")
+    if backend == "auto":
+        return "onnx" if is_onnx else "torch"
+    if backend == "onnx" and not is_onnx:
+        raise ValueError(
+            f"--backend onnx runs an exported .onnx file, got {str(name)!r}: "
+            "make one with `edgestream export asr --out DIR`"
+        )
+    if backend != "onnx" and is_onnx:
+        raise ValueError(f"{name} is an ONNX file: use --backend onnx (or auto)")
+    return backend
+
+
+def load_streaming_model(
+    name: str | Path = "default", backend: str = "auto", threads: int | None = None
+) -> StreamingModel:
+    """A model for the `Recognizer`: PyTorch (a bundled name or .safetensors file), the same
+    weights in the accelerator layout ("accelerator", see `accelerator.py`), or onnxruntime
+    (a .onnx file from `edgestream export asr`). `threads` sets onnxruntime's threads;
+    PyTorch's are set with `torch.set_num_threads`."""
+    backend = resolve_backend(name, backend)
+    if backend == "onnx":
+        from edgestream.asr.onnx_runtime import load_onnx_model
+
+        return load_onnx_model(name, threads)
+    from edgestream.asr.model_io import load_model
+
+    asr = load_model(name)
+    if backend == "accelerator":
+        from edgestream.asr.accelerator import AcceleratorConformer
+
+        asr.model = AcceleratorConformer(asr.model)  # type: ignore[assignment]
+    return asr
