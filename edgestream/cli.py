@@ -1208,9 +1208,18 @@ Beam = Annotated[
 ]
 
 
-def _streaming_options(chunk_ms: int, left_chunks: int, beam: int | None, lm: str) -> object:
+VadOption = Annotated[
+    bool,
+    typer.Option(help="End segments on Silero VAD's silence instead of CTC blanks (silero-vad)."),
+]
+
+
+def _streaming_options(
+    chunk_ms: int, left_chunks: int, beam: int | None, lm: str, vad: bool = False
+) -> object:
     from edgestream.asr.lm import load_lm
     from edgestream.asr.streaming import StreamingOptions
+    from edgestream.asr.vad import SileroVad
 
     if beam == 0:
         lm = "none"
@@ -1218,7 +1227,11 @@ def _streaming_options(chunk_ms: int, left_chunks: int, beam: int | None, lm: st
     if beam is None:
         beam = LM_BEAM if language_model is not None else 0
     return StreamingOptions(
-        chunk_ms=chunk_ms, left_chunks=left_chunks, beam=beam, lm=language_model
+        chunk_ms=chunk_ms,
+        left_chunks=left_chunks,
+        beam=beam,
+        lm=language_model,
+        vad=SileroVad() if vad else None,
     )
 
 
@@ -1241,6 +1254,7 @@ def transcribe(
     left_chunks: LeftChunks = 4,
     beam: Beam = None,
     lm: LmName = "default",
+    vad: VadOption = False,
     stream: Annotated[bool, typer.Option(help="Print partial results as they come.")] = False,
     threads: Annotated[int | None, typer.Option(help="CPU threads (default: PyTorch's).")] = None,
     json_output: Annotated[bool, typer.Option("--json", help="JSON Lines output.")] = False,
@@ -1257,7 +1271,7 @@ def transcribe(
             raise ValueError(f"--threads must be at least 1, got {threads}")
         if resolve_backend(model, backend) != "onnx":  # onnxruntime takes them per session
             _set_threads(threads)
-        options = _streaming_options(chunk_ms, left_chunks, beam, lm)
+        options = _streaming_options(chunk_ms, left_chunks, beam, lm, vad)
         asr = load_streaming_model(model, backend, threads)
         asr.chunk_encoder(options.left_chunks * options.chunk_frames)  # settings it can run
     except (ValueError, FileNotFoundError) as err:
@@ -1300,6 +1314,7 @@ def bench_asr_command(
     left_chunks: LeftChunks = 4,
     beam: Beam = None,
     lm: LmName = "default",
+    vad: VadOption = False,
     limit: Annotated[int | None, typer.Option(help="At most this many utterances.")] = None,
     pocketsphinx: Annotated[bool, typer.Option(help="Also run pocketsphinx.")] = True,
     backend: Annotated[str, typer.Option(help=BACKEND_HELP)] = "auto",
@@ -1312,7 +1327,7 @@ def bench_asr_command(
     from edgestream.asr.backends import load_streaming_model
     from edgestream.bench.asr import bench_asr, read_bench_manifest
 
-    options = _streaming_options(chunk_ms, left_chunks, beam, lm)
+    options = _streaming_options(chunk_ms, left_chunks, beam, lm, vad)
     utterances = read_bench_manifest(manifest, limit)
     load_streaming_model(model, backend).chunk_encoder(  # bad model or settings: fail now
         options.left_chunks * options.chunk_frames

@@ -21,13 +21,20 @@ search over the same frames (tested).
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
 
 from edgestream.asr.decode import BLANK, GreedyDecoder, LmFusion, PrefixBeamDecoder, Vocabulary
-from edgestream.asr.features import SAMPLE_RATE, GlobalCmvn, StreamingFbank
+from edgestream.asr.features import (
+    HOP_SAMPLES,
+    SAMPLE_RATE,
+    WINDOW_SAMPLES,
+    GlobalCmvn,
+    StreamingFbank,
+)
 from edgestream.asr.frames import (
     ENCODER_FRAME_MS,
     SUBSAMPLING_CONTEXT,
@@ -35,6 +42,7 @@ from edgestream.asr.frames import (
     encoder_frames,
 )
 from edgestream.asr.lm import NgramLm
+from edgestream.asr.vad import WINDOW, SileroVad
 
 
 @dataclass(frozen=True)
@@ -46,6 +54,7 @@ class StreamingOptions:
     lm_weight: float = LmFusion.weight
     word_bonus: float = LmFusion.word_bonus
     unknown_penalty: float = LmFusion.unknown_penalty
+    vad: SileroVad | None = None  # endpoint on its non-speech instead of on CTC blanks
     silence_before_text_s: float = 2.4
     silence_after_text_s: float = 1.2
     max_segment_s: float = 20.0
@@ -103,6 +112,10 @@ class Recognizer:
         self._segment_frames = 0
         self.samples_accepted = 0
         self.finished = False
+        self._vad = options.vad.stream() if options.vad is not None else None
+        self._vad_windows: deque[tuple[int, bool]] = deque()  # (end sample, speech?) not yet used
+        self._speech_end = 0  # sample where the last speech window ended, or the last endpoint
+        self._vad_time = 0  # the end of the audio behind the last decoded frame, in samples
 
     def _new_decoder(self) -> GreedyDecoder | PrefixBeamDecoder:
         options = self.options
@@ -134,6 +147,11 @@ class Recognizer:
             raise ValueError(f"expected mono samples of shape (n,), got {samples.shape}")
         if not np.all(np.isfinite(samples)):
             raise ValueError("expected finite samples, got NaN or infinity")
+        if self._vad is not None:
+            first = self._vad.windows
+            for k, probability in enumerate(self._vad.accept(samples)):
+                is_speech = bool(probability >= self._vad.vad.threshold)
+                self._vad_windows.append(((first + k + 1) * WINDOW, is_speech))
         self.samples_accepted += len(samples)
         frames = self._fbank.accept_waveform(samples)
         if len(frames):
@@ -170,14 +188,28 @@ class Recognizer:
         self._features_start += keep_from
         self._decode(log_probs)
 
+    def _vad_silence_s(self, frame: int) -> float:
+        """Seconds without speech, by the VAD, up to the end of encoder frame `frame`'s audio."""
+        frame_end = (SUBSAMPLING_FACTOR * frame + SUBSAMPLING_CONTEXT - 1) * HOP_SAMPLES
+        frame_end += WINDOW_SAMPLES
+        self._vad_time = frame_end
+        while self._vad_windows and self._vad_windows[0][0] <= frame_end:
+            end, is_speech = self._vad_windows.popleft()
+            if is_speech:
+                self._speech_end = end
+        return max(0, frame_end - self._speech_end) / SAMPLE_RATE
+
     def _decode(self, log_probs: np.ndarray) -> None:
         frame_s = ENCODER_FRAME_MS / 1000
+        first = self._encoded - len(log_probs)
         for start in range(len(log_probs)):  # frame by frame: an endpoint may fall mid-chunk
             frame = log_probs[start : start + 1]
             self._decoder.advance(frame)
             self._segment_frames += 1
             self._silent_frames = self._silent_frames + 1 if frame[0].argmax() == BLANK else 0
             silence_s, segment_s = self._silent_frames * frame_s, self._segment_frames * frame_s
+            if self._vad is not None:
+                silence_s = self._vad_silence_s(first + start)
             ids = self._decoder.ids
             # A long segment is cut only between words, so the cut cannot split one.
             between_words = self._silent_frames > 0 and (
@@ -196,3 +228,4 @@ class Recognizer:
             self.segments.append(current)
         self._decoder = self._new_decoder()
         self._silent_frames = self._segment_frames = 0
+        self._speech_end = self._vad_time  # VAD silence counts again from here

@@ -198,6 +198,7 @@ def bench_asr(
         "chunk_ms": options.chunk_ms,
         "left_chunks": options.left_chunks,
         "decoder": _decoder_name(options),
+        "endpointing": "silero-vad" if options.vad is not None else "ctc blanks",
         "overall": table.pop("overall"),
         "groups": table,
     }
