@@ -24,6 +24,7 @@ from pathlib import Path
 BOS, EOS, UNK = "<s>", "</s>", "<unk>"
 LN10 = math.log(10.0)
 BUNDLED_LM = Path(__file__).parent / "weights" / "words-3gram.arpa.gz"
+CACHE_LIMIT = 200_000  # scored n-grams kept for reuse (~40 MB at most)
 
 
 class NgramLm:
@@ -64,6 +65,8 @@ class NgramLm:
         key = (*kept, word if word in self else UNK)
         cached = self._cache.get(key)
         if cached is None:
+            if len(self._cache) >= CACHE_LIMIT:  # bounded: a stream may last for hours
+                self._cache.clear()
             cached = self._cache[key] = self._log10(key) * LN10
         return cached
 

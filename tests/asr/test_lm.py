@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from edgestream.asr import lm as lm_module
 from edgestream.asr.lm import BOS, EOS, UNK, NgramLm, load_lm, train_ngram, write_arpa
 from edgestream.cli import app
 
@@ -106,3 +107,13 @@ def test_cli_builds_an_lm_from_text_and_never_overwrites(tmp_path: Path) -> None
         app, ["asr", "lm", "--out", str(tmp_path / "x.arpa"), "--text", str(empty)]
     )
     assert refused.exit_code == 2 and "no sentences" in refused.stderr
+
+
+def test_the_score_cache_stays_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(lm_module, "CACHE_LIMIT", 50)
+    lm = train_ngram(SENTENCES, 3)
+    first = lm.log_prob((BOS,), "the")
+    for n in range(500):  # a long stream asks about ever new contexts
+        lm.log_prob((f"w{n}", "is"), "blue")
+        assert len(lm._cache) <= 50
+    assert lm.log_prob((BOS,), "the") == first
