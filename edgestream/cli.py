@@ -44,8 +44,8 @@ stderr = Console(stderr=True, highlight=False)
 METHODS = ("ar", "ss", "pld", "medusa", "draft")
 BENCH_METHODS = (*METHODS, "hf-pld", "llamacpp")
 BACKEND_HELP = (
-    "torch, accelerator (the (B,C,1,S) graph), onnx (an exported .onnx model) or auto (by the "
-    "model file's suffix)."
+    "torch, accelerator (the (B,C,1,S) graph), onnx (an exported .onnx model), coreml (an "
+    "exported .mlpackage, macOS only) or auto (by the model file's suffix)."
 )
 
 
@@ -1438,17 +1438,19 @@ def bench_subsampling_command(
 @export_app.command("asr")
 @user_errors
 def export_asr_command(
-    out: Annotated[Path, typer.Option(help="Folder for the .onnx files.")],
+    out: Annotated[Path, typer.Option(help="Folder for the exported files.")],
     model: AsrModelName = "default",
-    format_: Annotated[str, typer.Option("--format", help="Export format: onnx.")] = "onnx",
+    format_: Annotated[
+        str, typer.Option("--format", help="onnx (onnxruntime) or coreml (an .mlpackage).")
+    ] = "onnx",
     chunk_ms: ChunkMs = 640,
     left_chunks: LeftChunks = 4,
     fp16: Annotated[bool, typer.Option("--fp16", help="Also a float16 model.")] = False,
     int8: Annotated[bool, typer.Option("--int8", help="Also an int8 (dynamic) model.")] = False,
 ) -> None:
     """Export the streaming step (a chunk and its caches in, log-probs and caches out)."""
-    if format_ != "onnx":
-        raise ValueError(f"unknown format {format_!r}: expected onnx")
+    if format_ not in ("onnx", "coreml"):
+        raise ValueError(f"unknown format {format_!r}: expected onnx or coreml")
     from edgestream.asr.export import export_onnx, max_step_difference
     from edgestream.asr.model_io import load_model
 
@@ -1456,6 +1458,17 @@ def export_asr_command(
     if out.exists() and not out.is_dir():
         raise ValueError(f"--out {out} exists and is not a folder")
     asr = load_model(model)
+    if format_ == "coreml":
+        from edgestream.asr.coreml import export_coreml
+
+        if int8:
+            raise ValueError("--int8 is for ONNX; Core ML takes --fp16")
+        for precision in ("float32", *(["float16"] if fp16 else [])):
+            with stderr.status(f"converting ({precision})"):
+                path = export_coreml(asr, out, options, precision)
+            size = sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) / 2**20
+            print(f"{path}  {precision}, {size:.1f} MiB (running it needs macOS)")
+        return
     precisions = ("float32", *(["float16"] if fp16 else []), *(["int8"] if int8 else []))
     with stderr.status("exporting"):
         written = export_onnx(asr, out, options, precisions)

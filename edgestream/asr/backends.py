@@ -13,23 +13,25 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from edgestream.asr.streaming import StreamingModel
 
-BACKENDS = ("auto", "torch", "accelerator", "onnx")
+BACKENDS = ("auto", "torch", "accelerator", "onnx", "coreml")
+SUFFIXES = {".onnx": "onnx", ".mlpackage": "coreml"}  # exported files and what runs them
 
 
 def resolve_backend(name: str | Path, backend: str = "auto") -> str:
     """The backend that will run model `name`: "auto" goes by the file suffix."""
     if backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}: expected one of {', '.join(BACKENDS)}")
-    is_onnx = str(name).endswith(".onnx")
+    exported = SUFFIXES.get(Path(str(name).rstrip("/")).suffix)
     if backend == "auto":
-        return "onnx" if is_onnx else "torch"
-    if backend == "onnx" and not is_onnx:
+        return exported or "torch"
+    if backend in SUFFIXES.values() and exported != backend:
+        suffix = next(s for s, b in SUFFIXES.items() if b == backend)
         raise ValueError(
-            f"--backend onnx runs an exported .onnx file, got {str(name)!r}: "
-            "make one with `edgestream export asr --out DIR`"
+            f"--backend {backend} runs an exported {suffix} model, got {str(name)!r}: "
+            f"make one with `edgestream export asr --format {backend} --out DIR`"
         )
-    if backend != "onnx" and is_onnx:
-        raise ValueError(f"{name} is an ONNX file: use --backend onnx (or auto)")
+    if exported is not None and exported != backend:
+        raise ValueError(f"{name} is an exported model: use --backend {exported} (or auto)")
     return backend
 
 
@@ -37,14 +39,18 @@ def load_streaming_model(
     name: str | Path = "default", backend: str = "auto", threads: int | None = None
 ) -> StreamingModel:
     """A model for the `Recognizer`: PyTorch (a bundled name or .safetensors file), the same
-    weights in the accelerator layout ("accelerator", see `accelerator.py`), or onnxruntime
-    (a .onnx file from `edgestream export asr`). `threads` sets onnxruntime's threads;
-    PyTorch's are set with `torch.set_num_threads`."""
+    weights in the accelerator layout ("accelerator", see `accelerator.py`), onnxruntime
+    (a .onnx file from `edgestream export asr`) or Core ML (a .mlpackage, macOS only).
+    `threads` sets onnxruntime's threads; PyTorch's are set with `torch.set_num_threads`."""
     backend = resolve_backend(name, backend)
     if backend == "onnx":
         from edgestream.asr.onnx_runtime import load_onnx_model
 
         return load_onnx_model(name, threads)
+    if backend == "coreml":
+        from edgestream.asr.coreml import load_coreml_model
+
+        return load_coreml_model(name)
     from edgestream.asr.model_io import load_model
 
     asr = load_model(name)

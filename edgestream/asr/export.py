@@ -55,12 +55,19 @@ class StreamingStep(nn.Module):
     ) -> tuple[Tensor, Tensor, Tensor, Tensor]:  # fmt: skip
         """features (1, 4t + 3, 80); offset, valid: int64 of shape (1,); keys, values
         (layers, 1, heads, cached, head_dim); conv (layers, 1, d_model, kernel - 1)."""
-        model, config = self.model, self.model.config
-        x = model.subsampling(features)
-        t = x.shape[1]
+        config = self.model.config
+        x = self.model.subsampling(features)
         rope = rope_tables(
-            config.d_model // config.num_heads, offset + torch.arange(t), config.rope_base
+            config.d_model // config.num_heads, offset + torch.arange(x.shape[1]), config.rope_base
         )
+        return self.step(x, rope, keys, values, conv, valid)
+
+    def step(
+        self, x: Tensor, rope: tuple[Tensor, Tensor], keys: Tensor, values: Tensor, conv: Tensor,
+        valid: Tensor,
+    ) -> tuple[Tensor, Tensor, Tensor, Tensor]:  # fmt: skip
+        """The blocks and the head over subsampled frames x (1, t, d_model)."""
+        model, t = self.model, x.shape[1]
         slots = torch.arange(self.cached)
         visible = torch.cat([slots >= self.cached - valid, torch.ones(t, dtype=torch.bool)])
         mask = visible[None, None, None, :].expand(1, 1, t, self.cached + t)
@@ -86,6 +93,18 @@ class StreamingStep(nn.Module):
             torch.zeros(c.num_layers, 1, c.d_model, c.conv_kernel - 1),
             torch.tensor([0]),
         )
+
+
+class HostRopeStep(StreamingStep):
+    """`StreamingStep` taking the rotary tables (cos, sin: (t, head_dim / 2)) as inputs, for
+    runtimes without float64 (Core ML: see `coreml.py`)."""
+
+    def forward(  # type: ignore[override]
+        self, features: Tensor, cos: Tensor, sin: Tensor, keys: Tensor, values: Tensor,
+        conv: Tensor, valid: Tensor,
+    ) -> tuple[Tensor, Tensor, Tensor, Tensor]:  # fmt: skip
+        x = self.model.subsampling(features)
+        return self.step(x, (cos, sin), keys, values, conv, valid)
 
 
 @contextlib.contextmanager
