@@ -14,15 +14,25 @@ What changes, and why:
   (the scaled softmax), so exp never overflows.
 - The depthwise convolution is a (1, K) Conv2d over the same layout, with its causal left
   context passed in as a cache, exactly as in the streaming model.
+- The caches stay in that layout between chunks: a layer's keys and values are the K and V
+  projections of past frames as they came out of the 1x1 convolution, (B, C, 1, S_cached),
+  so a chunk appends its own along S and each head takes its channel slice; nothing is
+  transposed or reshaped to store or read them.
+- Large intermediate tensors are split so that each piece stays in cache: the feed-forward's
+  4x-wide hidden activation is computed in channel slices of at most `ff_slice` channels, each
+  slice's up-projection, SiLU and share of the down-projection done before the next (the sum
+  of the slices' down-projections is the down-projection of the whole).
 
 `AcceleratorConformer.forward_chunk` has the same inputs and outputs as
-`ConformerCTC.forward_chunk` (caches in the original layout), so the transformed model drops
-into the streaming recognizer and is tested to give the same log-probabilities.
+`ConformerCTC.forward_chunk` (its caches in its own layout, from its own `empty_cache`), so the
+transformed model drops into the streaming recognizer and is tested to give the same
+log-probabilities.
 """
 
 from __future__ import annotations
 
 import copy
+import itertools
 import math
 
 import torch
@@ -80,13 +90,45 @@ class ChannelLayerNorm(nn.Module):
 
 
 class AcceleratorFeedForward(nn.Module):
-    def __init__(self, ff: FeedForward, prenormalize: bool) -> None:
+    """down(silu(up(norm(x)))) with the hidden channels in slices of at most `ff_slice`."""
+
+    def __init__(self, ff: FeedForward, prenormalize: bool, ff_slice: int) -> None:
         super().__init__()
         self.norm = ChannelLayerNorm(ff.norm, prenormalize)
-        self.up, self.down = conv1x1(ff.up), conv1x1(ff.down)
+        hidden = ff.up.out_features
+        slices = list(itertools.pairwise([*range(0, hidden, ff_slice), hidden]))
+        self.ups = nn.ModuleList(_conv1x1_rows(ff.up, lo, hi) for lo, hi in slices)
+        self.downs = nn.ModuleList(
+            _conv1x1_columns(ff.down, lo, hi, first=lo == 0) for lo, hi in slices
+        )
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.down(F.silu(self.up(self.norm(x))))
+        normed = self.norm(x)
+        out = None
+        for up, down in zip(self.ups, self.downs, strict=True):
+            piece = down(F.silu(up(normed)))
+            out = piece if out is None else out + piece
+        return out
+
+
+def _conv1x1_rows(linear: nn.Linear, lo: int, hi: int) -> nn.Conv2d:
+    """The 1x1 Conv2d computing output channels lo..hi of `linear`."""
+    part = nn.Linear(linear.in_features, hi - lo, bias=linear.bias is not None)
+    with torch.no_grad():
+        part.weight.copy_(linear.weight[lo:hi])
+        if linear.bias is not None:
+            part.bias.copy_(linear.bias[lo:hi])
+    return conv1x1(part)
+
+
+def _conv1x1_columns(linear: nn.Linear, lo: int, hi: int, first: bool) -> nn.Conv2d:
+    """The 1x1 Conv2d applying `linear` to input channels lo..hi only (the bias once)."""
+    part = nn.Linear(hi - lo, linear.out_features, bias=first and linear.bias is not None)
+    with torch.no_grad():
+        part.weight.copy_(linear.weight[:, lo:hi])
+        if part.bias is not None:
+            part.bias.copy_(linear.bias)
+    return conv1x1(part)
 
 
 class AcceleratorAttention(nn.Module):
@@ -101,35 +143,37 @@ class AcceleratorAttention(nn.Module):
     def forward(
         self, x: Tensor, rope: tuple[Tensor, Tensor], cache: tuple[Tensor, Tensor]
     ) -> tuple[Tensor, Tensor, Tensor]:
-        """x: (B, C, 1, S); rope: cos, sin (1, hd/2, 1, S); cache: keys, values in the
-        streaming model's (B, H, cached, hd) layout. Returns output and the updated cache."""
+        """x: (B, C, 1, S); rope: cos, sin (1, hd/2, 1, S); cache: the rotated keys and the
+        values of past frames, (B, C, 1, S_cached) each. Returns the output and the cache
+        with this chunk's keys and values appended (the caller trims it)."""
         d = self.num_heads * self.head_dim
         q, k, v = self.qkv(self.norm(x)).split(d, dim=1)
-        heads_q = [_rotate(h, *rope) for h in q.split(self.head_dim, dim=1)]
-        heads_k = [_rotate(h, *rope) for h in k.split(self.head_dim, dim=1)]
-        heads_v = v.split(self.head_dim, dim=1)
+        keys = torch.cat([cache[0], _rotate_heads(k, rope, self.head_dim)], dim=3)
+        values = torch.cat([cache[1], v], dim=3)
         scale = 1.0 / math.sqrt(self.head_dim)
-        outputs, new_keys, new_values = [], [], []
-        for h, (qh, kh, vh) in enumerate(zip(heads_q, heads_k, heads_v, strict=True)):
-            # The cache is (B, H, cached, hd): its head h, as (B, hd, 1, cached), joins the chunk.
-            cached_k = cache[0][:, h].transpose(1, 2)[:, :, None]
-            cached_v = cache[1][:, h].transpose(1, 2)[:, :, None]
-            keys, values = torch.cat([cached_k, kh], dim=3), torch.cat([cached_v, vh], dim=3)
-            new_keys.append(keys)
-            new_values.append(values)
+        outputs = []
+        for qh, kh, vh in zip(
+            q.split(self.head_dim, dim=1),
+            keys.split(self.head_dim, dim=1),
+            values.split(self.head_dim, dim=1),
+            strict=True,
+        ):
+            qh = _rotate(qh, *rope)
             # The one transpose: K to (B, S_k, 1, hd). Scores (B, S_k, 1, S_q), softmax over keys.
-            scores = torch.einsum("bchq,bkhc->bkhq", qh, keys.transpose(1, 3)) * scale
+            scores = torch.einsum("bchq,bkhc->bkhq", qh, kh.transpose(1, 3)) * scale
             weights = torch.softmax(scores, dim=1)  # subtracts the max: no exp overflow
-            outputs.append(torch.einsum("bkhq,bchk->bchq", weights, values))
-        y = self.out(torch.cat(outputs, dim=1))
-        keys = torch.stack([k_[:, :, 0].transpose(1, 2) for k_ in new_keys], dim=1)
-        values = torch.stack([v_[:, :, 0].transpose(1, 2) for v_ in new_values], dim=1)
-        return y, keys, values
+            outputs.append(torch.einsum("bkhq,bchk->bchq", weights, vh))
+        return self.out(torch.cat(outputs, dim=1)), keys, values
 
 
 def _rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     first, second = x.chunk(2, dim=1)
     return torch.cat([first * cos - second * sin, first * sin + second * cos], dim=1)
+
+
+def _rotate_heads(x: Tensor, rope: tuple[Tensor, Tensor], head_dim: int) -> Tensor:
+    """RoPE on every head's channel slice of x (B, H * hd, 1, S), heads kept together."""
+    return torch.cat([_rotate(h, *rope) for h in x.split(head_dim, dim=1)], dim=1)
 
 
 class AcceleratorConv(nn.Module):
@@ -148,21 +192,21 @@ class AcceleratorConv(nn.Module):
         self.pointwise_out = conv1x1(conv.pointwise_out)
 
     def forward(self, x: Tensor, cache: Tensor) -> tuple[Tensor, Tensor]:
-        """x: (B, C, 1, S); cache: (B, C, kernel - 1) as in the streaming model."""
+        """x: (B, C, 1, S); cache: the last kernel - 1 inputs, (B, C, 1, kernel - 1)."""
         y = F.glu(self.pointwise_in(self.norm(x)), dim=1)
-        y = torch.cat([cache[:, :, None], y], dim=3)
-        new_cache = y[:, :, 0, y.shape[3] - self.context :]
+        y = torch.cat([cache, y], dim=3)
+        new_cache = y[:, :, :, y.shape[3] - self.context :]
         y = self.pointwise_out(F.silu(self.depthwise_norm(self.depthwise(y))))
         return y, new_cache
 
 
 class AcceleratorBlock(nn.Module):
-    def __init__(self, block: ConformerBlock, prenormalize: bool) -> None:
+    def __init__(self, block: ConformerBlock, prenormalize: bool, ff_slice: int) -> None:
         super().__init__()
-        self.ff_first = AcceleratorFeedForward(block.ff_first, prenormalize)
+        self.ff_first = AcceleratorFeedForward(block.ff_first, prenormalize, ff_slice)
         self.attention = AcceleratorAttention(block.attention, prenormalize)
         self.conv = AcceleratorConv(block.conv, prenormalize)
-        self.ff_last = AcceleratorFeedForward(block.ff_last, prenormalize)
+        self.ff_last = AcceleratorFeedForward(block.ff_last, prenormalize, ff_slice)
         self.norm = ChannelLayerNorm(block.norm, prenormalize)
 
     def forward(
@@ -177,21 +221,29 @@ class AcceleratorBlock(nn.Module):
 
 
 class AcceleratorConformer(nn.Module):
-    """`ConformerCTC` in the accelerator layout; the same streaming interface."""
+    """`ConformerCTC` in the accelerator layout; the same streaming interface.
 
-    def __init__(self, model: ConformerCTC, prenormalize: bool = True) -> None:
+    ff_slice: the most hidden channels of a feed-forward computed at once (default 256: the
+    bundled model's 576 go in slices of 256, 256 and 64)."""
+
+    def __init__(self, model: ConformerCTC, prenormalize: bool = True, ff_slice: int = 256) -> None:
         super().__init__()
+        if ff_slice < 1:
+            raise ValueError(f"expected ff_slice >= 1, got {ff_slice}")
         self.config = model.config
         self.subsampling = copy.deepcopy(model.subsampling)  # already convolutions
-        self.blocks = nn.ModuleList(AcceleratorBlock(b, prenormalize) for b in model.blocks)
+        self.blocks = nn.ModuleList(
+            AcceleratorBlock(b, prenormalize, ff_slice) for b in model.blocks
+        )
         self.head = conv1x1(model.head)
         self.eval()
 
     def empty_cache(self, batch: int = 1) -> list[LayerCache]:
+        """Per layer: keys and values (B, C, 1, 0), conv inputs (B, C, 1, kernel - 1)."""
         c = self.config
         weight = self.head.weight
-        empty = weight.new_zeros(batch, c.num_heads, 0, c.d_model // c.num_heads)
-        conv = weight.new_zeros(batch, c.d_model, c.conv_kernel - 1)
+        empty = weight.new_zeros(batch, c.d_model, 1, 0)
+        conv = weight.new_zeros(batch, c.d_model, 1, c.conv_kernel - 1)
         return [LayerCache(empty, empty, conv) for _ in range(c.num_layers)]
 
     def forward_chunk(
@@ -207,8 +259,8 @@ class AcceleratorConformer(nn.Module):
         for block, cache in zip(self.blocks, caches, strict=True):
             h, new = block(h, rope, cache)
             if max_cached >= 0:
-                keep = max(0, new.keys.shape[2] - max_cached)
-                new = LayerCache(new.keys[:, :, keep:], new.values[:, :, keep:], new.conv)
+                keep = max(0, new.keys.shape[3] - max_cached)
+                new = LayerCache(new.keys[..., keep:], new.values[..., keep:], new.conv)
             updated.append(new)
         logits = self.head(h)[:, :, 0].transpose(1, 2)  # (B, T, vocab)
         return F.log_softmax(logits.float(), dim=-1), updated

@@ -33,14 +33,31 @@ def _stream(model: nn.Module, x: torch.Tensor, chunk: int, left: int) -> torch.T
 
 @pytest.mark.parametrize("prenormalize", [False, True])
 @pytest.mark.parametrize(("chunk", "left"), [(1, 2), (8, 4), (16, 0)])
-def test_same_log_probs_as_the_original(prenormalize: bool, chunk: int, left: int) -> None:
+@pytest.mark.parametrize("ff_slice", [256, 48])
+def test_same_log_probs_as_the_original(
+    prenormalize: bool, chunk: int, left: int, ff_slice: int
+) -> None:
     torch.manual_seed(0)
     model = ConformerCTC(dataclasses.replace(TINY, num_layers=3)).eval()
-    accelerated = AcceleratorConformer(model, prenormalize)
+    accelerated = AcceleratorConformer(model, prenormalize, ff_slice)
+    # TINY's feed-forwards are 128 wide: one slice, or 48 + 48 + 32.
+    assert len(accelerated.blocks[0].ff_first.ups) == (1 if ff_slice == 256 else 3)
     x = model.subsampling(3 * torch.randn(1, 4 * 45 + 3, 80)).detach()
     torch.testing.assert_close(
         _stream(accelerated, x, chunk, left), _stream(model, x, chunk, left), atol=1e-4, rtol=0
     )
+
+
+def test_caches_stay_channels_first_and_bounded() -> None:
+    model = AcceleratorConformer(ConformerCTC(TINY).eval())
+    caches = model.empty_cache()
+    d = TINY.d_model
+    assert caches[0].keys.shape == (1, d, 1, 0) and caches[0].conv.shape[:3] == (1, d, 1)
+    x = torch.randn(1, 8, d)
+    with torch.no_grad():
+        for start in (0, 8, 16):
+            _, caches = model.forward_chunk(x, start, caches, 12)
+    assert caches[0].keys.shape == caches[0].values.shape == (1, d, 1, 12)
 
 
 def test_all_linear_layers_became_1x1_convolutions() -> None:
