@@ -7,6 +7,7 @@ modules are imported only when that backend is asked for.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -15,6 +16,33 @@ if TYPE_CHECKING:
 
 BACKENDS = ("auto", "torch", "accelerator", "onnx", "coreml")
 SUFFIXES = {".onnx": "onnx", ".mlpackage": "coreml"}  # exported files and what runs them
+
+
+def exported_fields(meta: dict[str, str], path: Path) -> dict[str, object]:
+    """What every exported step carries in its metadata besides the graph: CMVN, vocabulary
+    and the chunk settings its cache size was built for."""
+    from edgestream.asr.decode import vocabulary_from_metadata
+    from edgestream.asr.features import GlobalCmvn
+
+    return {
+        "cmvn": GlobalCmvn.from_dict(json.loads(meta["cmvn"])),
+        "vocabulary": vocabulary_from_metadata(meta),
+        "path": path,
+        "chunk_ms": int(meta["chunk_ms"]),
+        "left_chunks": int(meta["left_chunks"]),
+        "cached": int(meta["cached"]),
+    }
+
+
+def check_exported_chunking(
+    path: Path, chunk_ms: int, left_chunks: int, cached: int, max_cached: int
+) -> None:
+    """An exported step has its cache size built in: refuse other chunk settings, naming its."""
+    if max_cached != cached:
+        raise ValueError(
+            f"{path} was exported for --chunk-ms {chunk_ms} --left-chunks {left_chunks}: "
+            "transcribe with those, or export again with yours"
+        )
 
 
 def resolve_backend(name: str | Path, backend: str = "auto") -> str:

@@ -26,7 +26,8 @@ from pathlib import Path
 
 import numpy as np
 
-from edgestream.asr.decode import Vocabulary, vocabulary_from_metadata
+from edgestream.asr.backends import check_exported_chunking, exported_fields
+from edgestream.asr.decode import Vocabulary
 from edgestream.asr.features import GlobalCmvn
 from edgestream.asr.frames import SUBSAMPLING_CONTEXT, SUBSAMPLING_FACTOR, encoder_frames
 
@@ -134,11 +135,7 @@ class CoreMLAsrModel:
     cached: int
 
     def chunk_encoder(self, max_cached: int) -> CoreMLChunkEncoder:
-        if max_cached != self.cached:
-            raise ValueError(
-                f"{self.path} was exported for --chunk-ms {self.chunk_ms} --left-chunks "
-                f"{self.left_chunks}: transcribe with those, or export again with yours"
-            )
+        check_exported_chunking(self.path, self.chunk_ms, self.left_chunks, self.cached, max_cached)
         return CoreMLChunkEncoder(self)
 
 
@@ -195,12 +192,5 @@ def load_coreml_model(path: str | Path) -> CoreMLAsrModel:
     if meta.get("format") != COREML_FORMAT:
         raise ValueError(f"{path} is not an edgestream Core ML export: `edgestream export asr`")
     return CoreMLAsrModel(
-        mlmodel=mlmodel,
-        cmvn=GlobalCmvn.from_dict(json.loads(meta["cmvn"])),
-        vocabulary=vocabulary_from_metadata(meta),
-        config=json.loads(meta["config"]),
-        path=path,
-        chunk_ms=int(meta["chunk_ms"]),
-        left_chunks=int(meta["left_chunks"]),
-        cached=int(meta["cached"]),
+        mlmodel=mlmodel, config=json.loads(meta["config"]), **exported_fields(meta, path)
     )

@@ -14,7 +14,8 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
-from edgestream.asr.decode import Vocabulary, vocabulary_from_metadata
+from edgestream.asr.backends import check_exported_chunking, exported_fields
+from edgestream.asr.decode import Vocabulary
 from edgestream.asr.features import GlobalCmvn
 
 ONNX_FORMAT = "edgestream-conformer-ctc-onnx/1"
@@ -35,11 +36,7 @@ class OnnxAsrModel:
     cache_shapes: dict[str, tuple[int, ...]]  # keys, values, conv
 
     def chunk_encoder(self, max_cached: int) -> OnnxChunkEncoder:
-        if max_cached != self.cached:
-            raise ValueError(
-                f"{self.path} was exported for --chunk-ms {self.chunk_ms} --left-chunks "
-                f"{self.left_chunks}: transcribe with those, or export again with yours"
-            )
+        check_exported_chunking(self.path, self.chunk_ms, self.left_chunks, self.cached, max_cached)
         return OnnxChunkEncoder(self)
 
 
@@ -89,12 +86,7 @@ def load_onnx_model(path: str | Path, threads: int | None = None) -> OnnxAsrMode
     inputs = {i.name: i.shape for i in session.get_inputs()}
     return OnnxAsrModel(
         session=session,
-        cmvn=GlobalCmvn.from_dict(json.loads(meta["cmvn"])),
-        vocabulary=vocabulary_from_metadata(meta),
         info=json.loads(meta["info"]),
-        path=path,
-        chunk_ms=int(meta["chunk_ms"]),
-        left_chunks=int(meta["left_chunks"]),
-        cached=int(meta["cached"]),
         cache_shapes={name: tuple(inputs[name]) for name in ("keys", "values", "conv")},
+        **exported_fields(meta, path),
     )
