@@ -17,6 +17,7 @@ import gzip
 import io
 import math
 import os
+import sys
 from collections import Counter, defaultdict
 from collections.abc import Iterable
 from pathlib import Path
@@ -101,7 +102,7 @@ class NgramLm:
                     fields = line.split()
                     if section < 1 or len(fields) < section + 1:
                         raise ValueError(f"unexpected line {line[:60]!r}")
-                    ngram = tuple(fields[1 : section + 1])
+                    ngram = tuple(map(sys.intern, fields[1 : section + 1]))
                     probs[ngram] = float(fields[0])
                     if len(fields) > section + 1:
                         backoffs[ngram] = float(fields[section + 1])
