@@ -287,7 +287,7 @@ def fit(
     module: nn.Module = objective
     if world > 1:
         # Buffers (RoPE tables, the draft head) are identical everywhere: no need to resend.
-        module = nn.parallel.DistributedDataParallel(objective, broadcast_buffers=False)
+        module = nn.parallel.DistributedDataParallel(objective, forward_sync_buffers=False)
     mine = records[rank::world]
     rng = random.Random(config.seed * 1000 + rank * 7919 + step)
     out_dir.mkdir(parents=True, exist_ok=True)
