@@ -1319,8 +1319,12 @@ def bench_asr_command(
     pocketsphinx: Annotated[bool, typer.Option(help="Also run pocketsphinx.")] = True,
     backend: Annotated[str, typer.Option(help=BACKEND_HELP)] = "auto",
     json_path: JsonReport = None,
+    hypotheses: Annotated[
+        Path | None,
+        typer.Option(help="Also write each utterance's reference and hypothesis (JSON Lines)."),
+    ] = None,
 ) -> None:
-    """WER and real-time factor (1 and 2 threads) per group, next to pocketsphinx."""
+    """WER, CER and real-time factor (1 and 2 threads) per group, next to pocketsphinx."""
     from rich.progress import Progress
     from rich.table import Table
 
@@ -1329,6 +1333,9 @@ def bench_asr_command(
 
     options = _streaming_options(chunk_ms, left_chunks, beam, lm, vad)
     utterances = read_bench_manifest(manifest, limit)
+    for output in (json_path, hypotheses):  # fail now, not after the whole run
+        if output is not None and not output.parent.is_dir():
+            raise FileNotFoundError(f"no folder {output.parent} to write {output.name} into")
     load_streaming_model(model, backend).chunk_encoder(  # bad model or settings: fail now
         options.left_chunks * options.chunk_frames
     )
@@ -1340,10 +1347,11 @@ def bench_asr_command(
                 tasks[stage] = bar.add_task(stage, total=total)
             bar.update(tasks[stage], completed=done)
 
-        report = bench_asr(model, utterances, options, pocketsphinx, progress, backend)
+        report = bench_asr(model, utterances, options, pocketsphinx, progress, backend, hypotheses)
     title = f"ASR on {manifest} ({report['backend']}, {report['decoder']}, {chunk_ms} ms chunks)"
     table = Table(title=title)
-    for column in ("system", "group", "utterances", "audio s", "WER", "RTF 1 thread", "RTF 2"):
+    columns = ("system", "group", "utterances", "audio s", "WER", "CER", "RTF 1 thread", "RTF 2")
+    for column in columns:
         table.add_column(column)
     systems = [("edgestream", report)]
     if "overall" in report["pocketsphinx"]:
@@ -1356,6 +1364,7 @@ def bench_asr_command(
                 str(row["utterances"]),
                 f"{row['audio_seconds']:.0f}",
                 f"{row['wer']:.2%}",
+                f"{row['cer']:.2%}",
                 f"{row['rtf']:.4f}",
                 f"{row['rtf_2threads']:.4f}" if "rtf_2threads" in row else "-",
             )

@@ -4,7 +4,9 @@ on one thread and on two, with pocketsphinx on the same manifest as an outside r
 Every utterance goes through the streaming `Recognizer` exactly as `edgestream transcribe`
 runs it (100 ms pieces), so the RTF is that of live streaming, not of an offline batch.
 WER is jiwer's over lower-cased text stripped of punctuation, pooled over utterances (total
-errors / total reference words), as a fraction.
+errors / total reference words), as a fraction; CER likewise over characters (spaces count),
+which tells a near-miss spelling ("scyve" for "sky") from a wrong word. Per-utterance
+references and hypotheses can be written out to read the errors.
 """
 
 from __future__ import annotations
@@ -80,8 +82,10 @@ def _scores(
     table = {}
     for name, members in [("overall", list(range(len(utterances)))), *sorted(groups.items())]:
         references = [normalize_text(utterances[i].text) for i in members]
+        said = [normalize_text(hypotheses[i]) for i in members]
         table[name] = {
-            "wer": float(jiwer.wer(references, [normalize_text(hypotheses[i]) for i in members])),
+            "wer": float(jiwer.wer(references, said)),
+            "cer": float(jiwer.cer(references, said)),
             "rtf": sum(processing[i] for i in members) / sum(seconds[i] for i in members),
             "utterances": len(members),
             "audio_seconds": round(sum(seconds[i] for i in members), 2),
@@ -161,6 +165,22 @@ def run_pocketsphinx(
     return hypotheses, seconds, processing
 
 
+def write_hypotheses(path: Path, utterances: list[Utterance], hypotheses: list[str]) -> None:
+    """JSON Lines, one per utterance: audio, group, reference and hypothesis (both normalised,
+    as scored) and the utterance's own WER."""
+    with path.open("w", encoding="utf-8") as out:
+        for utterance, hypothesis in zip(utterances, hypotheses, strict=True):
+            reference, said = normalize_text(utterance.text), normalize_text(hypothesis)
+            line = {
+                "audio": str(utterance.audio),
+                "group": utterance.group,
+                "reference": reference,
+                "hypothesis": said,
+                "wer": float(jiwer.wer(reference, said)) if reference else float(bool(said)),
+            }
+            out.write(json.dumps(line) + "\n")
+
+
 def _decoder_name(options: StreamingOptions) -> str:
     if not options.beam:
         return "greedy"
@@ -174,9 +194,11 @@ def bench_asr(
     with_pocketsphinx: bool = True,
     progress: Callable[[str, int, int], None] | None = None,
     backend: str = "auto",
+    hypotheses_path: Path | None = None,
 ) -> dict[str, object]:
-    """The JSON report: model, backend, overall and groups (wer, rtf, rtf_2threads,
-    utterances, audio_seconds), and pocketsphinx (or a note saying why it is missing)."""
+    """The JSON report: model, backend, overall and groups (wer, cer, rtf, rtf_2threads,
+    utterances, audio_seconds), and pocketsphinx (or a note saying why it is missing).
+    `hypotheses_path`: also write edgestream's per-utterance hypotheses there."""
 
     def stage(name: str) -> PROGRESS | None:
         return None if progress is None else (lambda done, total: progress(name, done, total))
@@ -184,6 +206,8 @@ def bench_asr(
     runs = {n: stage(f"{n} thread{'s' * (n > 1)}") for n in (1, 2)}
     hypotheses, seconds, one = run_edgestream(model, backend, utterances, options, 1, runs[1])
     _, _, two = run_edgestream(model, backend, utterances, options, 2, runs[2])
+    if hypotheses_path is not None:
+        write_hypotheses(hypotheses_path, utterances, hypotheses)
     table = _scores(utterances, hypotheses, seconds, one)
     table_two = _scores(utterances, hypotheses, seconds, two)
     for name, row in table.items():

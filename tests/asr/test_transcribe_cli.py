@@ -15,6 +15,7 @@ from edgestream.asr.manifest import read_manifest
 from edgestream.asr.model_io import load_model
 from edgestream.asr.streaming import StreamingOptions
 from edgestream.asr.transcribe import transcribe_file, transcribe_samples
+from edgestream.bench.asr import normalize_text
 from edgestream.cli import app
 
 runner = CliRunner()
@@ -124,14 +125,24 @@ def test_bench_asr_writes_the_report(random_model: Path, tiny_corpus: Path, tmp_
             str(random_model),
             "--json",
             str(out),
+            "--hypotheses",
+            str(tmp_path / "hypotheses.jsonl"),
         ],
     )
     assert result.exit_code == 0, result.output
     report = json.loads(out.read_text())
-    keys = {"wer", "rtf", "rtf_2threads", "utterances", "audio_seconds"}
+    keys = {"wer", "cer", "rtf", "rtf_2threads", "utterances", "audio_seconds"}
     assert set(report["overall"]) == keys
     assert set(report["groups"]) == {"espeak-seen", "espeak-unseen"}
     assert all(set(row) == keys for row in report["groups"].values())
     assert report["overall"]["wer"] > 0.5  # random weights cannot transcribe
+    assert report["overall"]["cer"] > 0.3
+    lines = [json.loads(line) for line in (tmp_path / "hypotheses.jsonl").read_text().splitlines()]
+    manifest = (tiny_corpus / "test.jsonl").read_text().splitlines()
+    assert len(lines) == len(manifest) == report["overall"]["utterances"]
+    first = json.loads(manifest[0])
+    assert lines[0]["reference"] == normalize_text(first["text"])
+    assert lines[0]["group"] == first["group"]
+    assert {"audio", "hypothesis", "wer"} <= set(lines[0])
     sphinx = report["pocketsphinx"]
     assert "note" in sphinx or set(sphinx["overall"]) == keys - {"rtf_2threads"}
