@@ -80,7 +80,9 @@ class TrainConfig:
     eval_chunk: int = 16  # 640 ms
     eval_left_chunks: int = 4
     eval_utterances: int = 300
-    vocabulary: str = "char"  # or "bpe-N": N SentencePiece BPE pieces learnt from the texts
+    # "char", or "bpe-N" (N SentencePiece BPE pieces learnt from the texts); None: "char" from
+    # scratch, the init model's own with `init` (another one there swaps in a fresh CTC head)
+    vocabulary: str | None = None
     average_epochs: int = 1  # the released model averages the last N epochs' weights
     seed: int = 0
 
@@ -350,16 +352,21 @@ def train_asr(
 
     `init`: a model file to start from (its weights, CMVN, vocabulary and shape), to continue
     training a released model or fine-tune it on new data; ignored once out_dir holds a
-    checkpoint. `progress` gets a dict per step (epoch, step, steps, loss per target token,
+    checkpoint. With `config.vocabulary` naming another vocabulary than the init model's, its
+    encoder is kept and the CTC head starts afresh over the new one: a vocabulary can be
+    compared on a trained encoder at the cost of a fine-tune, not of training from scratch.
+    `progress` gets a dict per step (epoch, step, steps, loss per target token,
     lr) and per epoch (epoch, dev_wer) on rank 0.
     """
     start = load_model(init) if init is not None else None
-    if start is not None:  # its shape and vocabulary win over the settings given
+    vocabulary_kind, new_head = config.vocabulary or "char", False
+    if start is not None:  # its shape (and vocabulary, unless another is named) win
         model_config = start.model.config
         kind = start.vocabulary.to_metadata()["vocabulary"]
-        config = replace(
-            config, vocabulary="char" if kind == "char" else f"bpe-{len(start.vocabulary) - 1}"
-        )
+        own = "char" if kind == "char" else f"bpe-{len(start.vocabulary) - 1}"
+        vocabulary_kind = config.vocabulary or own
+        new_head = vocabulary_kind != own
+    config = replace(config, vocabulary=vocabulary_kind)
     rank, world = distributed_context()
     out_dir.mkdir(parents=True, exist_ok=True)
     cache = out_dir / "features"
@@ -386,9 +393,10 @@ def train_asr(
     if world > 1:
         dist.barrier()
     cmvn = GlobalCmvn.load(cmvn_path)
-    if rank == 0 and start is not None and not (out_dir / "vocabulary.json").exists():
+    keep_vocabulary = start is not None and not new_head
+    if rank == 0 and keep_vocabulary and not (out_dir / "vocabulary.json").exists():
         (out_dir / "vocabulary.json").write_text(json.dumps(start.vocabulary.to_metadata()))
-    vocabulary = _shared_vocabulary(config.vocabulary, train_store.texts, out_dir, rank, world)
+    vocabulary = _shared_vocabulary(vocabulary_kind, train_store.texts, out_dir, rank, world)
     model_config = replace(model_config, vocab_size=len(vocabulary))
 
     torch.manual_seed(config.seed)  # identical initial weights on every rank
@@ -408,7 +416,13 @@ def train_asr(
         optimizer.load_state_dict(state["optimizer"])
         epoch, step, history = state["epoch"], state["step"], state["history"]
     elif start is not None:
-        model.load_state_dict(start.model.state_dict())
+        weights = start.model.state_dict()
+        if new_head:  # the encoder carries over; the head is the fresh one built above
+            weights = {
+                name: value for name, value in weights.items() if name.split(".")[0] != "head"
+            }
+        missing, unexpected = model.load_state_dict(weights, strict=not new_head)
+        assert not unexpected and all(name.startswith("head.") for name in missing)
     trainer: nn.Module = nn.parallel.DistributedDataParallel(model) if world > 1 else model
     dev_wer = functools.partial(
         evaluate,

@@ -166,6 +166,46 @@ def test_training_can_start_from_a_released_model(tiny_corpus: Path, tmp_path: P
     assert losses[0] < fresh[0]  # it starts where the released model left off
 
 
+def test_another_vocabulary_keeps_the_init_encoder_under_a_fresh_head(
+    tiny_corpus: Path, tmp_path: Path
+) -> None:
+    first = train_asr(
+        tiny_corpus / "train.jsonl", tiny_corpus / "dev.jsonl", tmp_path / "a", TINY, FAST
+    )
+    no_steps = replace(FAST, epochs=1, curriculum_epochs=0, lr=1e-12, warmup_steps=1)
+    swapped = train_asr(
+        tiny_corpus / "train.jsonl",
+        tiny_corpus / "dev.jsonl",
+        tmp_path / "b",
+        TINY,
+        replace(no_steps, vocabulary="bpe-40"),
+        init=first,
+    )
+    before, after = load_model(first), load_model(swapped)
+    assert (
+        len(before.vocabulary) == 29
+        and len(after.vocabulary) == after.model.config.vocab_size == 41
+    )
+    old, new = before.model.state_dict(), after.model.state_dict()
+    assert set(old) == set(new)
+    for name in old:
+        if name.startswith("head."):
+            assert old[name].shape != new[name].shape
+        else:  # the encoder, untouched by a learning rate of 1e-12
+            torch.testing.assert_close(new[name], old[name], rtol=0, atol=1e-6)
+    kept = train_asr(  # naming the init model's own vocabulary keeps its head too
+        tiny_corpus / "train.jsonl",
+        tiny_corpus / "dev.jsonl",
+        tmp_path / "c",
+        TINY,
+        replace(no_steps, vocabulary="char"),
+        init=first,
+    )
+    torch.testing.assert_close(
+        load_model(kept).model.head.weight, before.model.head.weight, rtol=0, atol=1e-6
+    )
+
+
 def _train_command(manifest: Path, dev: Path, out: Path, *extra: str) -> list[str]:
     return [
         "train",
