@@ -125,6 +125,26 @@ def test_lm_fusion_turns_what_was_heard_into_the_words_it_knows() -> None:
     )
 
 
+def test_lm_fusion_reads_words_out_of_bpe_pieces() -> None:
+    vocabulary = make_vocabulary("bpe-40", LM_TEXT * 20)
+    pieces = {vocabulary.piece_text(i): i for i in range(1, len(vocabulary))}
+    heard = [" why", " is", " the", " s", " blue"]
+    meant = [" why", " is", " the", " sky", " blue"]
+    blank = np.full(len(vocabulary), 1e-4)
+    blank[0] = 1.0
+    rows = []
+    for h, m in zip(heard, meant, strict=True):
+        row = np.full(len(vocabulary), 1e-4)
+        row[pieces[h]] += 0.55
+        row[pieces[m]] += 0.45
+        rows += [row / row.sum(), blank / blank.sum()]
+    log_probs = np.log(np.array(rows))
+    assert vocabulary.decode(ctc_prefix_beam_search(log_probs, 16, 8)) == "why is the s blue"
+    fusion = LmFusion(train_ngram(LM_TEXT, 3, (1, 1, 1)), vocabulary, 0.5, 2.0, -1.5)
+    fused = ctc_prefix_beam_search(log_probs, 16, 8, fusion)
+    assert vocabulary.decode(fused) == "why is the sky blue"
+
+
 def test_lm_fusion_with_nothing_to_add_is_plain_beam_search() -> None:
     vocabulary = CharVocabulary()
     neutral = LmFusion(train_ngram(LM_TEXT, 3), vocabulary, 0.0, 0.0, 0.0)
