@@ -37,6 +37,10 @@ class Vocabulary(Protocol):
         """Whether a word certainly ends after `token` (endpointing may cut there)."""
         ...
 
+    def starts_word(self, token: int) -> bool:
+        """Whether `token` certainly begins a new word (endpointing may cut before it)."""
+        ...
+
     def piece_text(self, token: int) -> str:
         """The text `token` appends to a transcript, a space marking a word break."""
         ...
@@ -73,6 +77,9 @@ class CharVocabulary:
 
     def is_word_end(self, token: int) -> bool:
         return self.characters[token - 1] == " "
+
+    def starts_word(self, token: int) -> bool:
+        return False  # a letter may follow a space or another letter; the space itself ends words
 
     def piece_text(self, token: int) -> str:
         return self.characters[token - 1]
@@ -117,6 +124,9 @@ class BpeVocabulary:
 
     def is_word_end(self, token: int) -> bool:
         return False  # a piece never says that the word is over: the next one would
+
+    def starts_word(self, token: int) -> bool:
+        return self._processor.id_to_piece(token - 1).startswith("\u2581")
 
     def piece_text(self, token: int) -> str:
         return self._processor.id_to_piece(token - 1).replace("\u2581", " ")

@@ -10,7 +10,8 @@ with the same chunk and left context (tested).
 
 Endpointing follows sherpa-onnx's rules, counted in encoder frames whose best token is blank:
 a segment ends after `silence_before_text_s` of it when nothing was recognised yet, after
-`silence_after_text_s` once something was, or, past `max_segment_s`, at the next word break.
+`silence_after_text_s` once something was, or, past `max_segment_s`, at the next word break
+(after a space, or before a BPE piece that begins a word).
 An endpoint closes the current segment's text and restarts the decoder; the acoustic caches
 carry on, so with greedy decoding endpoints do not change the text, only how it is split
 (except that a pause of `silence_after_text_s` always separates words). With beam search an
@@ -204,6 +205,8 @@ class Recognizer:
         first = self._encoded - len(log_probs)
         for start in range(len(log_probs)):  # frame by frame: an endpoint may fall mid-chunk
             frame = log_probs[start : start + 1]
+            if self._cut_before(frame):
+                self._endpoint()
             self._decoder.advance(frame)
             self._segment_frames += 1
             self._silent_frames = self._silent_frames + 1 if frame[0].argmax() == BLANK else 0
@@ -221,6 +224,18 @@ class Recognizer:
                 or (between_words and segment_s >= self.options.max_segment_s)
             ):
                 self._endpoint()
+
+    def _cut_before(self, frame: np.ndarray) -> bool:
+        """Past `max_segment_s`, a segment may also end just before a piece that begins a word
+        after a pause: BPE pieces carry their word break in front, so no piece ends a word."""
+        token = int(frame[0].argmax())
+        return (
+            token != BLANK
+            and self._silent_frames > 0
+            and bool(self._decoder.ids)
+            and self._segment_frames * ENCODER_FRAME_MS / 1000 >= self.options.max_segment_s
+            and self.asr.vocabulary.starts_word(token)
+        )
 
     def _endpoint(self) -> None:
         current = self.asr.vocabulary.decode(self._decoder.ids)

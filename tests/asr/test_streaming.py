@@ -1,12 +1,13 @@
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
-from edgestream.asr.decode import LmFusion, ctc_greedy, ctc_prefix_beam_search
+from edgestream.asr.decode import LmFusion, ctc_greedy, ctc_prefix_beam_search, make_vocabulary
 from edgestream.asr.features import compute_fbank, load_audio
 from edgestream.asr.lm import train_ngram
 from edgestream.asr.manifest import read_manifest
@@ -106,6 +107,38 @@ def test_endpoint_rules_split_the_text_without_changing_it(random_model: Path) -
     assert len(recognizer.segments) >= 3
     assert all(len(s) < 30 for s in recognizer.segments[1:])
     assert recognizer.text == asr.vocabulary.decode(ctc_greedy(log_probs))
+
+
+def test_long_bpe_segments_are_cut_before_a_piece_that_begins_a_word(random_model: Path) -> None:
+    words = [
+        "the",
+        "quick",
+        "brown",
+        "fox",
+        "jumps",
+        "over",
+        "lazy",
+        "dogs",
+        "while",
+        "seven",
+        "wizards",
+        "hum",
+    ]
+    texts = [" ".join(words[i:] + words[:i]) for i in range(len(words))]
+    vocabulary = make_vocabulary("bpe-45", texts * 20)  # most words take several pieces
+    asr = replace(load_model(random_model), vocabulary=vocabulary)
+    ids: list[int] = []
+    for _ in range(3):
+        for word in words:
+            ids += vocabulary.encode(word)
+    frames = [i for token in ids for i in (token, 0)]  # each piece followed by a blank frame
+    log_probs = np.log(np.eye(len(vocabulary))[frames] * 0.97 + 0.001).astype(np.float32)
+    recognizer = Recognizer(asr, StreamingOptions(max_segment_s=1.0))
+    for start in range(0, len(log_probs), 5):
+        recognizer._decode(log_probs[start : start + 5])
+    assert len(recognizer.segments) >= 3
+    assert all(set(segment.split()) <= set(words) for segment in recognizer.segments)
+    assert recognizer.text == " ".join(words * 3) == vocabulary.decode(ctc_greedy(log_probs))
 
 
 def test_memory_stays_flat_over_a_long_stream(random_model: Path) -> None:
