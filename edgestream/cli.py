@@ -41,7 +41,7 @@ app.add_typer(export_app, name="export")
 stderr = Console(stderr=True, highlight=False)
 
 # = edgestream.llm.methods.METHODS (+ bench.spec.REFERENCE_METHODS), here so --help needs no torch
-METHODS = ("ar", "ss", "pld", "medusa", "draft")
+METHODS = ("ar", "ss", "ss-pld", "pld", "medusa", "draft")
 BENCH_METHODS = (*METHODS, "hf-pld", "llamacpp")
 BACKEND_HELP = (
     "torch, accelerator (the (B,C,1,S) graph), onnx (an exported .onnx model), coreml (an "
@@ -364,6 +364,9 @@ def bench_spec_command(
     adapter: AdapterPath = None,
     draft_tokens: Annotated[int, typer.Option(help="Tokens drafted per pass (draft).")] = 4,
     pld_tokens: Annotated[int, typer.Option(help="Longest prompt-lookup draft (pld).")] = 10,
+    lookup_tokens: Annotated[
+        int, typer.Option(help="Longest prompt-lookup branch on the stream tree (ss-pld).")
+    ] = 6,
     data: Annotated[
         Path | None, typer.Option(help="Shared data folder (for --suite tasks).")
     ] = None,
@@ -399,8 +402,11 @@ def bench_spec_command(
     _set_threads(threads)
     _quiet_libraries()
     lm, adapter_streams = _load_for_decoding(model, dtype, adapter)
-    if pld_tokens < 1:
-        raise ValueError(f"--pld-tokens must be at least 1, got {pld_tokens}")
+    if pld_tokens < 1 or lookup_tokens < 1:
+        raise ValueError(
+            "--pld-tokens and --lookup-tokens must be at least 1, "
+            f"got {pld_tokens}, {lookup_tokens}"
+        )
     if draft_tokens < 1:
         raise ValueError(f"--draft-tokens must be at least 1, got {draft_tokens}")
     sampling = Sampling(temperature=temperature, top_p=top_p, seed=seed)
@@ -414,6 +420,7 @@ def bench_spec_command(
         draft_path=draft,
         draft_tokens=draft_tokens,
         pld_tokens=pld_tokens,
+        lookup_tokens=lookup_tokens,
     )
     if "llamacpp" in names and not llamacpp_available():
         stderr.print(

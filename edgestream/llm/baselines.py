@@ -31,28 +31,10 @@ from edgestream.llm.engine import (
     TokenPicker,
     check_request,
 )
+from edgestream.llm.lookup import prompt_lookup_draft
 from edgestream.llm.medusa import MedusaHeads
 from edgestream.llm.model import KVCache, Transformer
 from edgestream.llm.tree import DraftTree, TreeShape, build_tree, tree_mask
-
-
-def prompt_lookup_draft(context: list[int], max_ngram: int, num_draft: int) -> list[int]:
-    """Up to `num_draft` tokens that followed the latest earlier match of the context's last
-    n tokens, trying n = max_ngram down to 1; [] when nothing matches.
-
-    >>> prompt_lookup_draft([1, 2, 3, 4, 9, 1, 2], max_ngram=2, num_draft=3)
-    [3, 4, 9]
-    >>> prompt_lookup_draft([5, 6, 7], max_ngram=2, num_draft=3)
-    []
-    """
-    for n in range(min(max_ngram, len(context) - 1), 0, -1):
-        tail = context[-n:]
-        for start in range(len(context) - n - 1, -1, -1):  # latest match first
-            if context[start : start + n] == tail:
-                follow = context[start + n : start + n + num_draft]
-                if follow:
-                    return follow
-    return []
 
 
 @torch.inference_mode()

@@ -20,9 +20,10 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from edgestream.llm.lookup import prompt_lookup_draft
 from edgestream.llm.model import Transformer
 from edgestream.llm.msa import DraftHead, SpeculativeStreams, ss_forward, stream_pass
-from edgestream.llm.tree import DraftTree, TreeShape, accept, build_tree, tree_mask
+from edgestream.llm.tree import DraftTree, TreeShape, accept, build_tree, graft_chain, tree_mask
 
 TokenCallback = Callable[[int], None]
 
@@ -197,9 +198,15 @@ def generate_ss(
     placement: str = "accepted",
     head: DraftHead | None = None,
     sampling: Sampling = Sampling(),
+    lookup_tokens: int = 0,
+    lookup_ngram: int = 3,
 ) -> GenerationResult:
     """Speculative Streaming decoding; the output is `generate_ar`'s: token for token when
     greedy, the same distribution when sampling (the same tokens for the same seed).
+
+    `lookup_tokens` > 0 grafts a prompt lookup draft of up to that many tokens (n-grams of
+    at most `lookup_ngram`) onto every stream tree, verified in the same pass: the streams
+    draft what the model would say, the lookup what the prompt already holds.
 
     placement "all" is the paper's layout: streams run at every tree node inside the
     verification pass and the last accepted node's drafts are kept. "accepted" runs the
@@ -210,6 +217,11 @@ def generate_ss(
     """
     if placement not in STREAM_PLACEMENTS:
         raise ValueError(f"unknown placement {placement!r}: expected {STREAM_PLACEMENTS}")
+    if lookup_tokens < 0 or lookup_ngram < 1:
+        raise ValueError(
+            f"expected lookup_tokens >= 0 and lookup_ngram >= 1, got {lookup_tokens}, "
+            f"{lookup_ngram}"
+        )
     in_pass = placement == "all"
     budget = check_request(prompt_ids, max_new_tokens, model.config.max_position)
     out = Emitter(budget, stop_ids, on_token)
@@ -217,7 +229,7 @@ def generate_ss(
     k = max(shape.top_k)
     start = time.perf_counter()
     head = head or DraftHead(model, streams)
-    cache = model.new_cache(len(prompt_ids) + budget + shape.max_nodes)
+    cache = model.new_cache(len(prompt_ids) + budget + shape.max_nodes + lookup_tokens)
     P = len(prompt_ids)
     nodes = torch.tensor([P - 1]) if in_pass else torch.zeros(0, dtype=torch.long)
     step = ss_forward(model, streams, torch.tensor([prompt_ids]), cache, stream_nodes=nodes)
@@ -232,8 +244,13 @@ def generate_ss(
     while not out.done:
         # The root is certain but not yet in the cache; a node at depth d would emit d + 1
         # tokens, so the tree never grows deeper than the budget left.
-        depth = min(len(shape.top_k), out.remaining - 1)
+        depth_left = out.remaining - 1
+        depth = min(len(shape.top_k), depth_left)
         tree = build_tree(root, candidates[:depth], log_probs[:depth], shape)
+        if lookup_tokens:
+            context = prompt_ids + out.ids  # ends with the root
+            chain = prompt_lookup_draft(context, lookup_ngram, min(lookup_tokens, depth_left))
+            tree = graft_chain(tree, chain)
         prefix = cache.length
         step = ss_forward(
             model,

@@ -1,7 +1,8 @@
 """Decoding methods by name: what `generate --method` and `bench spec --methods` choose from.
 
 A `Decoder` maps (prompt ids, max new tokens, token callback) to a `GenerationResult`, so every
-method is run and measured the same way.
+method is run and measured the same way. "ss-pld" is Speculative Streaming with a prompt
+lookup branch grafted onto each stream tree (both drafts verified in one pass).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from edgestream.llm.msa import DraftHead, SpeculativeStreams, load_streams
 from edgestream.llm.tree import TreeShape
 from edgestream.llm.weights_file import read_weights
 
-METHODS = ("ar", "ss", "pld", "medusa", "draft")
+METHODS = ("ar", "ss", "ss-pld", "pld", "medusa", "draft")
 WEIGHTS_DIR = Path(__file__).parent / "weights"
 BUNDLED_STREAMS = {"smollm2": WEIGHTS_DIR / "smollm2-ss-lossless.safetensors"}
 
@@ -43,6 +44,7 @@ class MethodOptions:
     tree: TreeShape = field(default_factory=TreeShape)
     pld_tokens: int = 10  # prompt lookup: longest draft
     pld_ngram: int = 3  # prompt lookup: longest n-gram matched
+    lookup_tokens: int = 6  # ss-pld: longest prompt-lookup branch grafted onto the stream tree
 
 
 def resolve_streams(lm: LanguageModel, path: Path | None) -> tuple[SpeculativeStreams, dict]:
@@ -91,8 +93,19 @@ def make_decoder(
         )
     streams = options.streams or resolve_streams(lm, options.streams_path)[0]
     head = DraftHead(lm.model, streams)
+    lookup = options.lookup_tokens if method == "ss-pld" else 0
     return lambda ids, n, cb: generate_ss(
-        lm.model, streams, ids, n, stop, tree, cb, head=head, sampling=sampling
+        lm.model,
+        streams,
+        ids,
+        n,
+        stop,
+        tree,
+        cb,
+        head=head,
+        sampling=sampling,
+        lookup_tokens=lookup,
+        lookup_ngram=options.pld_ngram,
     )
 
 
@@ -100,7 +113,7 @@ def footprint(method: str, lm: LanguageModel, options: MethodOptions) -> dict[st
     """What a method adds to the base model: parameters stored ("extra_parameters"; for Medusa
     also "full_vocab_parameters", what the original's full-vocabulary heads hold) and how long
     its weights took to train ("train_seconds", from the weights file, where recorded)."""
-    if method == "ss":
+    if method in ("ss", "ss-pld"):
         if options.streams is not None:
             return {"extra_parameters": options.streams.extra_parameters()}
         streams, info = resolve_streams(lm, options.streams_path)

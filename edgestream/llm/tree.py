@@ -96,6 +96,32 @@ def build_tree(root: int, candidates: Tensor, log_probs: Tensor, shape: TreeShap
     return DraftTree(tokens, parents, depths)
 
 
+def graft_chain(tree: DraftTree, chain: list[int]) -> DraftTree:
+    """The tree with `chain` (tokens drafted after the root, e.g. by prompt lookup) merged in
+    as a path from the root: it follows existing nodes while they hold the chain's tokens and
+    appends the rest, each new node after its parent, so parents still precede children.
+
+    >>> t = DraftTree([1, 5, 6, 7], [-1, 0, 0, 1], [0, 1, 1, 2])
+    >>> g = graft_chain(t, [5, 8, 9])
+    >>> g.tokens, g.parents, g.depths
+    ([1, 5, 6, 7, 8, 9], [-1, 0, 0, 1, 1, 4], [0, 1, 1, 2, 2, 3])
+    """
+    tokens, parents, depths = list(tree.tokens), list(tree.parents), list(tree.depths)
+    kids = tree.children()
+    node = 0
+    for token in chain:
+        match = next((c for c in kids[node] if tokens[c] == token), None)
+        if match is None:
+            tokens.append(token)
+            parents.append(node)
+            depths.append(depths[node] + 1)
+            kids.append([])
+            kids[node].append(len(tokens) - 1)
+            match = len(tokens) - 1
+        node = match
+    return DraftTree(tokens, parents, depths)
+
+
 def tree_mask(tree: DraftTree, prefix: int) -> Tensor:
     """Boolean (T, prefix + T): every node sees the whole prefix, its ancestors and itself.
 

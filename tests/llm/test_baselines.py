@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from edgestream.llm.baselines import generate_pld, prompt_lookup_draft
+from edgestream.llm.baselines import generate_pld
 from edgestream.llm.engine import generate_ar
+from edgestream.llm.lookup import prompt_lookup_draft
 from edgestream.llm.model import Transformer
 from tests.conftest import tiny_llama
 

@@ -65,6 +65,8 @@ def test_sampled_output_equals_ar_sampling_with_the_same_seed(
     greedy = generate_ar(model, prompt, 48).token_ids
     assert ar != greedy, "sampling should leave the greedy path (test premise)"
     assert generate_ss(model, streams, prompt, 48, sampling=sampling).token_ids == ar
+    hybrid = generate_ss(model, streams, prompt, 48, sampling=sampling, lookup_tokens=5)
+    assert hybrid.token_ids == ar
     assert generate_pld(model, prompt, 48, sampling=sampling).token_ids == ar
     assert generate_medusa(model, heads, prompt, 48, sampling=sampling).token_ids == ar
 

@@ -18,7 +18,7 @@ from edgestream.llm.msa import (
     stream_mask,
     stream_pass,
 )
-from edgestream.llm.tree import DraftTree, TreeShape, accept, build_tree, tree_mask
+from edgestream.llm.tree import DraftTree, TreeShape, accept, build_tree, graft_chain, tree_mask
 from tests.conftest import tiny_llama
 
 
@@ -77,6 +77,39 @@ def test_untrained_streams_are_lossless(
     ss = generate_ss(model, chosen, prompt, 48, shape=shape, placement=placement)
     assert ss.token_ids == ar.token_ids
     assert ss.forward_passes <= ar.forward_passes
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("placement", ["accepted", "all"])
+def test_a_grafted_lookup_branch_stays_lossless_and_saves_passes_on_loops(
+    model: Transformer,
+    streams: SpeculativeStreams,
+    plain_streams: SpeculativeStreams,
+    seed: int,
+    placement: str,
+) -> None:
+    # Few distinct tokens: the prompt repeats itself and the tiny model's output loops, so
+    # lookups find drafts (and random streams rarely do).
+    prompt = _prompt(4 + 3 * seed, seed) + [7, 8, 9, 10] * 4
+    chosen = streams if placement == "accepted" else plain_streams
+    ar = generate_ar(model, prompt, 60)
+    alone = generate_ss(model, chosen, prompt, 60, placement=placement)
+    hybrid = generate_ss(model, chosen, prompt, 60, placement=placement, lookup_tokens=6)
+    assert hybrid.token_ids == alone.token_ids == ar.token_ids
+    assert hybrid.forward_passes < alone.forward_passes
+
+
+def test_grafting_merges_shared_prefixes_and_keeps_parents_first() -> None:
+    tree = build_tree(1, torch.tensor([[5, 6], [7, 8]]), torch.zeros(2, 2), TreeShape((2, 2), 5))
+    assert tree.tokens == [1, 5, 6, 7, 8] and tree.parents == [-1, 0, 0, 1, 1]
+    assert graft_chain(tree, [5, 8, 9]).tokens == [1, 5, 6, 7, 8, 9]  # only 9 is new, under 8
+    grafted = graft_chain(tree, [6, 7, 9])
+    assert grafted.tokens[5:] == [7, 9] and grafted.parents[5:] == [2, 5]
+    assert grafted.depths[5:] == [2, 3]
+    assert all(parent < node for node, parent in enumerate(grafted.parents) if node)
+    choices = {0: 6, 2: 7, 5: 9, 6: 3}  # the model says 6 7 9 3: the grafted branch holds
+    assert accept(grafted, choices.__getitem__) == ([0, 2, 5, 6], 3)
+    assert graft_chain(tree, []) == tree
 
 
 def test_main_logits_are_the_base_models(
