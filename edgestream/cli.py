@@ -182,6 +182,7 @@ def generate(
     json_output: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
 ) -> None:
     """Generate a reply to PROMPT and report its speed."""
+    from edgestream.bench.environment import peak_rss_mib
     from edgestream.llm.engine import Sampling
     from edgestream.llm.loading import parse_dtype
     from edgestream.llm.methods import MethodOptions, make_decoder
@@ -229,6 +230,7 @@ def generate(
             "dtype": dtype,
             "prompt_tokens": len(prompt_ids),
             "finish_reason": result.finish_reason,
+            "peak_rss_mib": peak_rss_mib(),
         }
         if baseline is not None:
             record["ar_tokens_per_second"] = round(baseline.tokens_per_second, 2)
@@ -367,6 +369,10 @@ def bench_spec_command(
     lookup_tokens: Annotated[
         int, typer.Option(help="Longest prompt-lookup branch on the stream tree (ss-pld).")
     ] = 6,
+    memory: Annotated[
+        bool,
+        typer.Option(help="Also measure each method's peak memory in a process of its own."),
+    ] = True,
     data: Annotated[
         Path | None, typer.Option(help="Shared data folder (for --suite tasks).")
     ] = None,
@@ -382,6 +388,7 @@ def bench_spec_command(
         REFERENCE_METHODS,
         bench_spec,
         llamacpp_available,
+        method_peak_memory,
         read_spec_prompts,
         task_suite,
     )
@@ -448,6 +455,20 @@ def bench_spec_command(
         if name in METHODS:
             report["methods"][name].update(footprint(name, lm, options))
     report["setup"]["peak_memory_mib"] = peak_rss_mib()  # the process, every method loaded
+    if memory:
+        own = [("--streams", streams), ("--medusa", medusa), ("--draft", draft)]
+        own.append(("--adapter", adapter))
+        generate_options = ["--model", model, "--dtype", dtype, "--threads", str(threads)]
+        for flag, path in own:
+            if path is not None:
+                generate_options += [flag, str(path)]
+        first = questions[0].turns[0]
+        for name in names:
+            if name in METHODS:  # ours; the outside references have no `generate`
+                stderr.print(f"peak memory: {name} in its own process")
+                report["methods"][name]["peak_memory_mib"] = method_peak_memory(
+                    name, first, max_new_tokens, generate_options
+                )
     table = Table(title=f"{model}, {dtype}, {threads} threads, <= {max_new_tokens} new tokens")
     for column in ("method", "category", "tok/s", "speedup", "accepted/pass", "calls", "exact"):
         table.add_column(column, justify="right")

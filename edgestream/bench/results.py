@@ -48,8 +48,8 @@ def render_spec(report: dict) -> str:
         f"{_mib(setup.get('peak_memory_mib'))}.",
         "",
         "| method | tok/s | speedup vs ar | accepted tokens / pass | exact match vs ar "
-        "| extra parameters | training |",
-        "|---|---|---|---|---|---|---|",
+        "| extra parameters | training | peak memory, alone |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for name, result in methods.items():
         o = result["overall"]
@@ -59,7 +59,7 @@ def render_spec(report: dict) -> str:
         lines.append(
             f"| {name} | {o['tokens_per_second']:.1f} | {o['speedup']:.2f}x | "
             f"{o['mean_accepted']:.2f} | {o['exact_match_vs_ar']:.2f} | {params} | "
-            f"{_minutes(result.get('train_seconds'))} |"
+            f"{_minutes(result.get('train_seconds'))} | {_mib(result.get('peak_memory_mib'))} |"
         )
     categories = sorted(next(iter(methods.values()))["categories"])
     others = [n for n in methods if n != "ar"]

@@ -10,6 +10,8 @@ fraction of prompts whose new token ids equal AR's (the lossless check).
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -173,6 +175,20 @@ def bench_spec(
         },
         "divergent": divergent,
     }
+
+
+def method_peak_memory(
+    method: str, prompt: str, max_new_tokens: int, generate_options: list[str]
+) -> float | None:
+    """Peak resident memory (MiB) of a fresh `edgestream generate --method METHOD` process on
+    one prompt: interpreter, libraries, model, the method's own weights and caches, as a user
+    running that method alone would pay. None where the process cannot report it (not Linux)."""
+    command = [sys.executable, "-m", "edgestream", "generate", prompt, "--method", method]
+    command += ["--max-new-tokens", str(max_new_tokens), "--json", *generate_options]
+    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"{' '.join(command[:7])} ... failed: {done.stderr.strip()[-500:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1]).get("peak_rss_mib")
 
 
 def hf_prompt_lookup_decoder(lm: LanguageModel, num_tokens: int) -> Decoder:

@@ -114,6 +114,9 @@ def test_cli_writes_the_json_it_promises(
     assert report["methods"]["ss"]["extra_parameters"] > 0
     assert report["methods"]["ar"]["extra_parameters"] == 0
     assert report["setup"]["peak_memory_mib"] > 0
+    for method in ("ar", "ss"):  # each measured alone, in a `generate` process of its own
+        alone = report["methods"][method]["peak_memory_mib"]
+        assert 0 < alone <= report["setup"]["peak_memory_mib"] * 1.5
 
 
 @pytest.mark.parametrize(
@@ -138,6 +141,7 @@ def test_llamacpp_is_skipped_with_a_note_when_not_installed(
     out = tmp_path / "spec.json"
     args = ["bench", "spec", "--prompts", str(prompts), "--model", str(tiny_model_dir)]
     args += ["--methods", "ar,pld,llamacpp", "--max-new-tokens", "4", "--json", str(out)]
+    args += ["--no-memory"]
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
     assert "llamacpp skipped" in result.stderr and "make llamacpp" in result.stderr
@@ -168,6 +172,7 @@ def test_sampled_bench_keeps_every_method_identical_to_ar(
     args = ["bench", "spec", "--prompts", str(prompts), "--model", str(tiny_model_dir)]
     args += ["--streams", str(streams), "--methods", "ar,ss,pld", "--temperature", "0.8"]
     args += ["--seed", "5", "--max-new-tokens", "10", "--threads", "1", "--json", str(out)]
+    args += ["--no-memory"]
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
     report = json.loads(out.read_text())
