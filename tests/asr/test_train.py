@@ -173,14 +173,13 @@ def test_another_vocabulary_keeps_the_init_encoder_under_a_fresh_head(
         tiny_corpus / "train.jsonl", tiny_corpus / "dev.jsonl", tmp_path / "a", TINY, FAST
     )
     no_steps = replace(FAST, epochs=1, curriculum_epochs=0, lr=1e-12, warmup_steps=1)
-    swapped = train_asr(
-        tiny_corpus / "train.jsonl",
-        tiny_corpus / "dev.jsonl",
-        tmp_path / "b",
-        TINY,
-        replace(no_steps, vocabulary="bpe-40"),
-        init=first,
-    )
+
+    def continue_with(vocabulary: str, out: str) -> Path:
+        config = replace(no_steps, vocabulary=vocabulary)
+        manifests = (tiny_corpus / "train.jsonl", tiny_corpus / "dev.jsonl")
+        return train_asr(*manifests, tmp_path / out, TINY, config, init=first)
+
+    swapped = continue_with("bpe-40", "b")
     before, after = load_model(first), load_model(swapped)
     assert (
         len(before.vocabulary) == 29
@@ -193,14 +192,7 @@ def test_another_vocabulary_keeps_the_init_encoder_under_a_fresh_head(
             assert old[name].shape != new[name].shape
         else:  # the encoder, untouched by a learning rate of 1e-12
             torch.testing.assert_close(new[name], old[name], rtol=0, atol=1e-6)
-    kept = train_asr(  # naming the init model's own vocabulary keeps its head too
-        tiny_corpus / "train.jsonl",
-        tiny_corpus / "dev.jsonl",
-        tmp_path / "c",
-        TINY,
-        replace(no_steps, vocabulary="char"),
-        init=first,
-    )
+    kept = continue_with("char", "c")  # naming the init model's own vocabulary keeps its head
     torch.testing.assert_close(
         load_model(kept).model.head.weight, before.model.head.weight, rtol=0, atol=1e-6
     )
