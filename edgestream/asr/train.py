@@ -418,9 +418,7 @@ def train_asr(
     elif start is not None:
         weights = start.model.state_dict()
         if new_head:  # the encoder carries over; the head is the fresh one built above
-            weights = {
-                name: value for name, value in weights.items() if name.split(".")[0] != "head"
-            }
+            weights = {k: v for k, v in weights.items() if not k.startswith("head.")}
         missing, unexpected = model.load_state_dict(weights, strict=not new_head)
         assert not unexpected and all(name.startswith("head.") for name in missing)
     trainer: nn.Module = nn.parallel.DistributedDataParallel(model) if world > 1 else model
