@@ -456,10 +456,9 @@ def bench_spec_command(
             report["methods"][name].update(footprint(name, lm, options))
     report["setup"]["peak_memory_mib"] = peak_rss_mib()  # the process, every method loaded
     if memory:
-        own = [("--streams", streams), ("--medusa", medusa), ("--draft", draft)]
-        own.append(("--adapter", adapter))
         generate_options = ["--model", model, "--dtype", dtype, "--threads", str(threads)]
-        for flag, path in own:
+        weights = {"--streams": streams, "--medusa": medusa, "--draft": draft, "--adapter": adapter}
+        for flag, path in weights.items():
             if path is not None:
                 generate_options += [flag, str(path)]
         first = questions[0].turns[0]
