@@ -811,7 +811,10 @@ def train_streams_command(
     lora_rank: Annotated[int, typer.Option(help="shared/lora: LoRA rank.")] = 16,
     init_streams: Annotated[
         Path | None,
-        typer.Option(help="shared: start from these stream weights (e.g. the bundled lossless)."),
+        typer.Option(
+            help="lossless/shared: start from these stream weights (e.g. the bundled ones); "
+            "they set the stream configuration."
+        ),
     ] = None,
     model: Annotated[str, typer.Option(help="Model name (smollm2) or local path.")] = "smollm2",
     data: Annotated[Path | None, typer.Option(help="Shared data folder.")] = None,
@@ -841,7 +844,7 @@ def train_streams_command(
 ) -> None:
     """Train speculative streams: lossless (distil the base model's own answers, train the
     streams on them) or shared (fine-tune LoRA and streams together on a task)."""
-    from edgestream.llm.msa import StreamConfig, save_streams
+    from edgestream.llm.msa import StreamConfig, load_streams, save_streams
     from edgestream.llm.train import TrainConfig, train_streams
 
     if mode not in TRAIN_MODES:
@@ -854,8 +857,8 @@ def train_streams_command(
         lr=lr,
         warmup_steps=warmup,
     )
-    if init_streams is not None and mode != "shared":
-        raise ValueError("--init-streams is for --mode shared")
+    if init_streams is not None and mode == "lora":
+        raise ValueError("--init-streams is for --mode lossless or shared (lora has no streams)")
     if mode != "lossless":
         _train_shared_mode(
             mode,
@@ -889,14 +892,23 @@ def train_streams_command(
         config,
         threads,
         lambda base, records, at, report: train_streams(
-            base, records, at, stream_config, config, out, model, report
+            base,
+            records,
+            at,
+            stream_config,
+            config,
+            out,
+            model,
+            report,
+            None if init_streams is None else load_streams(init_streams, base)[0],
         ),
     )
     if result is None:
         return
     trained, info = result
     target = export or out / "streams.safetensors"
-    save_streams(trained, target, {**info, "mode": mode})
+    init = None if init_streams is None else str(init_streams)
+    save_streams(trained, target, {**info, "mode": mode, "init_streams": init})
     stderr.print(f"stream weights: {target} ({trained.extra_parameters():,} parameters)")
 
 

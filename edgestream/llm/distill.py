@@ -6,12 +6,17 @@ answers are generated, the main stream's hidden states entering the first MSA la
 for every position (a forward hook on the layer below it): the frozen lower layers never need to
 run again during training, which is most of the CPU budget saved.
 
-Output: shards `shard-00000.pt`, each a list of `Sequence` dicts, written atomically (temporary
-file, then rename), so an interrupted run resumes where it stopped.
+Output: shards, each a list of sequence dicts, written atomically (temporary file, then
+rename). A shard's file name is a digest of what it was made from (model, split layer, answer
+length, its prompts), so an interrupted run resumes where it stopped, a run with more prompts
+distils only the new ones, and a shard made from other prompts or settings is never mistaken
+for this run's.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -73,6 +78,25 @@ def distill_batch(
     ]
 
 
+def _batches(prompts: list[TaskPrompt], batch_size: int, sort_block: int) -> list[list[int]]:
+    """Prompt indices in batches. Similar lengths batch together, so little compute goes to
+    padding; sorting only within consecutive blocks keeps the batches of a prompt list's
+    beginning unchanged when prompts are appended (a task mix with more prompts per task
+    starts with the smaller mix), so their shards are reused."""
+    batches = []
+    for start in range(0, len(prompts), sort_block):
+        block = range(start, min(start + sort_block, len(prompts)))
+        order = sorted(block, key=lambda i: len(prompts[i].prompt))
+        batches.extend(order[i : i + batch_size] for i in range(0, len(order), batch_size))
+    return batches
+
+
+def _digest(lm: LanguageModel, prompts: list[TaskPrompt], split: int, max_new_tokens: int) -> str:
+    """What a shard is made from, as a short hex digest: its file name."""
+    made_from = [lm.name, str(lm.model.dtype), split, max_new_tokens, [p.prompt for p in prompts]]
+    return hashlib.sha1(json.dumps(made_from).encode()).hexdigest()[:16]
+
+
 def distill(
     lm: LanguageModel,
     prompts: list[TaskPrompt],
@@ -80,6 +104,7 @@ def distill(
     split: int,
     max_new_tokens: int = 128,
     batch_size: int = 16,
+    sort_block: int = 1024,
     progress: Callable[[int, int], None] | None = None,
     rank: int = 0,
     world: int = 1,
@@ -87,18 +112,18 @@ def distill(
     """Write shards of distilled sequences to out_dir; existing shards are kept (resume).
 
     Under several processes, rank r writes shards r, r + world, ...; the caller waits for all
-    (a barrier) before reading them. Returns every shard's path.
+    (a barrier) before reading them. Returns every shard's path. Prompts are sorted by length
+    within consecutive blocks of `sort_block` (see `_batches`).
     """
     out_dir.mkdir(parents=True, exist_ok=True)
-    # Similar lengths batch together, so little compute goes to padding.
-    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i].prompt))
-    batches = [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
+    batches = _batches(prompts, batch_size, sort_block)
     shards = []
     for index, batch in enumerate(batches):
-        shard = out_dir / f"shard-{index:05d}.pt"
+        batch_prompts = [prompts[i] for i in batch]
+        shard = out_dir / f"shard-{_digest(lm, batch_prompts, split, max_new_tokens)}.pt"
         shards.append(shard)
         if index % world == rank and not shard.exists():
-            records = distill_batch(lm, [prompts[i] for i in batch], split, max_new_tokens)
+            records = distill_batch(lm, batch_prompts, split, max_new_tokens)
             tmp = shard.with_suffix(".tmp")
             torch.save(records, tmp)
             os.replace(tmp, shard)

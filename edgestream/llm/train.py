@@ -224,14 +224,25 @@ def train_streams(
     out_dir: Path,
     model_name: str,
     progress: ProgressFn | None = None,
+    init_streams: SpeculativeStreams | None = None,
 ) -> SpeculativeStreams:
-    """Train (or resume training) streams; writes out_dir/checkpoint.pt as it goes."""
+    """Train (or resume training) streams; writes out_dir/checkpoint.pt as it goes.
+
+    `init_streams` (trained streams, e.g. the bundled ones) continue training on these records
+    instead of starting from scratch; they replace `stream_config`, draft vocabulary included,
+    so what they learned keeps its meaning.
+    """
     if not records:
         raise ValueError("no training sequences")
     torch.manual_seed(config.seed)  # identical initial streams on every rank
-    streams = SpeculativeStreams(model.config, stream_config)
-    if stream_config.draft_vocab_size:
-        streams.draft_vocab.copy_(frequent_answer_tokens(records, stream_config.draft_vocab_size))
+    if init_streams is not None:
+        streams = init_streams.float().requires_grad_(True).train()
+        stream_config = streams.config
+    else:
+        streams = SpeculativeStreams(model.config, stream_config)
+        if stream_config.draft_vocab_size:
+            vocab = frequent_answer_tokens(records, stream_config.draft_vocab_size)
+            streams.draft_vocab.copy_(vocab)
     if captured_at < streams.split:
         records = advance_states(model, records, captured_at, streams.split)
         captured_at = streams.split

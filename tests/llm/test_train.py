@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import subprocess
@@ -14,7 +15,7 @@ from safetensors import safe_open
 
 from edgestream.llm.distill import distill, load_shards
 from edgestream.llm.loading import load_language_model
-from edgestream.llm.msa import StreamConfig
+from edgestream.llm.msa import SpeculativeStreams, StreamConfig
 from edgestream.llm.tasks import TaskPrompt
 from edgestream.llm.train import TrainConfig, train_streams
 from tests.conftest import TINY_CORPUS
@@ -73,6 +74,42 @@ def test_training_resumes_from_its_checkpoint(
     assert [step for step, *_ in log] == [11, 12, 13, 14, 15]
     assert torch.load(tmp_path / "checkpoint.pt", weights_only=True)["step"] == 15
     assert not list(tmp_path.glob("*.tmp"))
+
+
+def test_training_continues_from_given_streams(
+    tiny_model_dir: Path, records: list[dict], tmp_path: Path
+) -> None:
+    model = load_language_model(str(tiny_model_dir), pack=False).model
+    _train(tiny_model_dir, records, tmp_path / "first", 20)
+    first = SpeculativeStreams(model.config, STREAMS)
+    first.load_state_dict(torch.load(tmp_path / "first" / "checkpoint.pt")["weights"])
+    first.draft_vocab.copy_(first.draft_vocab.flip(0))  # not what these records would choose
+    config = TrainConfig(steps=1, batch_sequences=2, positions_per_sequence=4, lr=1e-12)
+    # The given streams' configuration wins over the one passed (another draft vocabulary size).
+    other = StreamConfig(n_streams=2, n_stream_layers=1, adapter_rank=4, draft_vocab_size=32)
+    continued = train_streams(
+        model, records, 1, other, config, tmp_path / "second", "tiny", None, copy.deepcopy(first)
+    )
+    assert continued.config == STREAMS
+    assert torch.equal(continued.draft_vocab, first.draft_vocab)
+    for name, weight in first.state_dict().items():
+        torch.testing.assert_close(continued.state_dict()[name], weight, rtol=0, atol=1e-9)
+
+
+def test_distilling_more_prompts_reuses_the_shards_of_the_first_ones(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    lm = load_language_model(str(tiny_model_dir), pack=False)
+    prompts = [TaskPrompt("t", str(i), text) for i, text in enumerate(TINY_CORPUS * 3)]
+    few = distill(lm, prompts[:8], tmp_path, 1, 8, batch_size=4, sort_block=8)
+    stamps = {shard: shard.stat().st_mtime_ns for shard in few}
+    more = distill(lm, prompts, tmp_path, 1, 8, batch_size=4, sort_block=8)
+    assert set(few) < set(more)
+    assert all(shard.stat().st_mtime_ns == stamps[shard] for shard in few)
+    # A shard made with other settings is never taken for this run's.
+    assert not set(distill(lm, prompts[:8], tmp_path, 1, 6, batch_size=4, sort_block=8)) & set(more)
+    distilled = [r["tokens"][: r["prompt_length"]].tolist() for r in load_shards(more)]
+    assert sorted(distilled) == sorted(lm.encode_prompt(p.prompt) for p in prompts)
 
 
 def test_cli_trains_under_torchrun_with_two_processes(tiny_model_dir: Path, tmp_path: Path) -> None:
