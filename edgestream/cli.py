@@ -840,12 +840,19 @@ def train_streams_command(
     positions: TrainPositions = 128,
     lr: Annotated[float, typer.Option(help="Peak learning rate.")] = 2e-3,
     warmup: Annotated[int, typer.Option(help="Linear warm-up steps.")] = 100,
+    dev_sequences: Annotated[
+        int,
+        typer.Option(
+            help="lossless: distilled sequences held out of training (at most a tenth); the "
+            "streams' top-1 accuracy on them is reported and stored with the weights."
+        ),
+    ] = 64,
     threads: Threads = None,
 ) -> None:
     """Train speculative streams: lossless (distil the base model's own answers, train the
     streams on them) or shared (fine-tune LoRA and streams together on a task)."""
     from edgestream.llm.msa import StreamConfig, load_streams, save_streams
-    from edgestream.llm.train import TrainConfig, train_streams
+    from edgestream.llm.train import TrainConfig, hold_out, train_streams
 
     if mode not in TRAIN_MODES:
         raise ValueError(f"unknown mode {mode!r}: expected one of {', '.join(TRAIN_MODES)}")
@@ -880,6 +887,15 @@ def train_streams_command(
         raise ValueError("--task is for --mode shared or lora (lossless mixes every task)")
     if not stream_layers <= capture_layers:
         raise ValueError(f"--capture-layers ({capture_layers}) must be >= --stream-layers")
+
+    def train(base: object, records: list[dict], at: int, report: object) -> tuple:
+        training, held = hold_out(records, dev_sequences)
+        given = None if init_streams is None else load_streams(init_streams, base)[0]
+        trained, dev_top1 = train_streams(
+            base, training, at, stream_config, config, out, model, report, given, held
+        )
+        return trained, dev_top1, len(held)
+
     result = _train_drafter(
         "stream",
         model,
@@ -891,24 +907,23 @@ def train_streams_command(
         capture_layers,
         config,
         threads,
-        lambda base, records, at, report: train_streams(
-            base,
-            records,
-            at,
-            stream_config,
-            config,
-            out,
-            model,
-            report,
-            None if init_streams is None else load_streams(init_streams, base)[0],
-        ),
+        train,
     )
     if result is None:
         return
-    trained, info = result
+    (trained, dev_top1, n_dev), info = result
     target = export or out / "streams.safetensors"
-    init = None if init_streams is None else str(init_streams)
-    save_streams(trained, target, {**info, "mode": mode, "init_streams": init})
+    facts = {
+        "mode": mode,
+        "init_streams": None if init_streams is None else str(init_streams),
+        "sequences": info["sequences"] - n_dev,
+        "dev_sequences": n_dev,
+        "dev_top1": dev_top1 and [round(a, 4) for a in dev_top1],
+    }
+    save_streams(trained, target, {**info, **facts})
+    if dev_top1:
+        accuracy = " ".join(f"{a:.3f}" for a in dev_top1)
+        stderr.print(f"held-out top-1 per stream ({n_dev} sequences): {accuracy}")
     stderr.print(f"stream weights: {target} ({trained.extra_parameters():,} parameters)")
 
 

@@ -42,7 +42,7 @@ from edgestream.llm.train import (
     TrainConfig,
     draft_targets,
     fit,
-    frequent_answer_tokens,
+    new_or_given_streams,
 )
 
 
@@ -168,15 +168,9 @@ def train_shared(
     model.requires_grad_(False)
     adapters = add_lora(model, lora_config)
     streams = None
-    if init_streams is not None:
-        streams = init_streams.float().requires_grad_(True).train()
+    if init_streams is not None or stream_config is not None:
+        streams = new_or_given_streams(model, stream_config, records, init_streams)
         stream_config = streams.config
-    elif stream_config is not None:
-        streams = SpeculativeStreams(model.config, stream_config)
-        if stream_config.draft_vocab_size:
-            streams.draft_vocab.copy_(
-                frequent_answer_tokens(records, stream_config.draft_vocab_size)
-            )
     weights = SharedWeights(adapters, streams)
     objective = SharedObjective(model, streams)
     settings = {"lora": lora_config.to_dict(), "streams": stream_config and stream_config.to_dict()}

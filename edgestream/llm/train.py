@@ -12,10 +12,11 @@ a run resumes from the last one.
 
 from __future__ import annotations
 
+import hashlib
 import math
 import random
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
@@ -225,41 +226,89 @@ def train_streams(
     model_name: str,
     progress: ProgressFn | None = None,
     init_streams: SpeculativeStreams | None = None,
-) -> SpeculativeStreams:
+    dev_records: list[dict] = (),
+) -> tuple[SpeculativeStreams, list[float] | None]:
     """Train (or resume training) streams; writes out_dir/checkpoint.pt as it goes.
 
     `init_streams` (trained streams, e.g. the bundled ones) continue training on these records
     instead of starting from scratch; they replace `stream_config`, draft vocabulary included,
-    so what they learned keeps its meaning.
+    so what they learned keeps its meaning. Returns the streams and, when `dev_records` are
+    given, their top-1 accuracy per stream on those held-out sequences.
     """
     if not records:
         raise ValueError("no training sequences")
     torch.manual_seed(config.seed)  # identical initial streams on every rank
-    if init_streams is not None:
-        streams = init_streams.float().requires_grad_(True).train()
-        stream_config = streams.config
-    else:
-        streams = SpeculativeStreams(model.config, stream_config)
-        if stream_config.draft_vocab_size:
-            vocab = frequent_answer_tokens(records, stream_config.draft_vocab_size)
-            streams.draft_vocab.copy_(vocab)
+    streams = new_or_given_streams(model, stream_config, records, init_streams)
     if captured_at < streams.split:
         records = advance_states(model, records, captured_at, streams.split)
+        dev_records = advance_states(model, dev_records, captured_at, streams.split)
         captured_at = streams.split
     objective = StreamObjective(model.requires_grad_(False), streams, captured_at)
-    fit(
+    dev_top1 = fit(
         objective,
         streams,
         lambda module, batch: module(batch, config.stream_weight),
         records,
-        stream_config.to_dict(),
-        stream_config.n_streams,
+        streams.config.to_dict(),
+        streams.config.n_streams,
         config,
         out_dir,
         model_name,
         progress,
+        dev_records,
     )
+    return streams, dev_top1
+
+
+def new_or_given_streams(
+    model: Transformer,
+    stream_config: StreamConfig,
+    records: list[dict],
+    given: SpeculativeStreams | None,
+) -> SpeculativeStreams:
+    """Trainable float32 streams: `given` ones (their configuration wins), or new ones whose
+    draft vocabulary is the records' most frequent answer tokens."""
+    if given is not None:
+        return given.float().requires_grad_(True).train()
+    streams = SpeculativeStreams(model.config, stream_config)
+    if stream_config.draft_vocab_size:
+        streams.draft_vocab.copy_(frequent_answer_tokens(records, stream_config.draft_vocab_size))
     return streams
+
+
+def hold_out(records: list[dict], n: int) -> tuple[list[dict], list[dict]]:
+    """(training, held-out) records. Held out: the sequences whose token digests are the n
+    smallest distinct ones (n at most a tenth of the records), with every copy of them, so the
+    same sequences are held out however records are ordered and none also trains."""
+    if n < 0:
+        raise ValueError(f"cannot hold out {n} sequences")
+    digests = [hashlib.sha1(r["tokens"].numpy().tobytes()).hexdigest() for r in records]
+    held = set(sorted(set(digests))[: min(n, len(records) // 10)])
+    return (
+        [r for r, d in zip(records, digests, strict=True) if d not in held],
+        [r for r, d in zip(records, digests, strict=True) if d in held],
+    )
+
+
+@torch.no_grad()
+def held_out_top1(
+    objective: nn.Module,
+    call: Callable[[nn.Module, Batch], tuple[Tensor, Tensor, Tensor]],
+    records: list[dict],
+    depth: int,
+    config: TrainConfig,
+) -> list[float]:
+    """Top-1 accuracy per draft depth over every answer position of held-out sequences."""
+    hits, labelled = torch.zeros(depth), torch.zeros(depth)
+    for start in range(0, len(records), config.batch_sequences):
+        chunk = records[start : start + config.batch_sequences]
+        longest = max(len(r["tokens"]) for r in chunk)  # more positions than any answer has
+        every_position = replace(config, positions_per_sequence=longest)
+        batch = make_batch(chunk, every_position, depth, random.Random(0))
+        _, batch_hits, batch_labelled = call(objective, batch)
+        hits += batch_hits
+        labelled += batch_labelled
+    return (hits / labelled.clamp(min=1)).tolist()
 
 
 def fit(
@@ -273,13 +322,15 @@ def fit(
     out_dir: Path,
     model_name: str,
     progress: ProgressFn | None,
-) -> None:
+    dev_records: list[dict] = (),
+) -> list[float] | None:
     """The optimisation loop both drafters share: AdamW with warm-up and cosine decay, DDP when
     launched by torchrun, atomic checkpoints in out_dir/checkpoint.pt, resumed when present.
 
     `trained` holds the parameters (and is what the checkpoint stores); `call(module, batch)`
     runs `objective` (or its DDP wrapper) on a batch and returns (loss, hits, labelled) per
-    draft depth; `settings` must match a checkpoint's for it to be resumed.
+    draft depth; `settings` must match a checkpoint's for it to be resumed. Returns the top-1
+    accuracy per depth on `dev_records` after training (rank 0; None without them).
     """
     rank, world = distributed_context()
     optimizer = torch.optim.AdamW(trained.parameters(), lr=config.lr, weight_decay=0.0)
@@ -328,3 +379,6 @@ def fit(
                 },
                 checkpoint,
             )
+    if rank != 0 or not dev_records:
+        return None
+    return held_out_top1(objective, call, dev_records, depth, config)

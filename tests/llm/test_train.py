@@ -17,7 +17,7 @@ from edgestream.llm.distill import distill, load_shards
 from edgestream.llm.loading import load_language_model
 from edgestream.llm.msa import SpeculativeStreams, StreamConfig
 from edgestream.llm.tasks import TaskPrompt
-from edgestream.llm.train import TrainConfig, train_streams
+from edgestream.llm.train import TrainConfig, hold_out, train_streams
 from tests.conftest import TINY_CORPUS
 
 STREAMS = StreamConfig(n_streams=2, n_stream_layers=1, adapter_rank=4, draft_vocab_size=64)
@@ -43,7 +43,9 @@ def test_captured_states_equal_a_fresh_forward(tiny_model_dir: Path, records: li
         torch.testing.assert_close(x[0, :-1], states, rtol=0.02, atol=0.02)  # stored in bf16
 
 
-def _train(model_dir: Path, records: list[dict], out: Path, steps: int) -> list[tuple]:
+def _train(
+    model_dir: Path, records: list[dict], out: Path, steps: int, dev: list[dict] = ()
+) -> tuple[list[tuple], list[float] | None]:
     model = load_language_model(str(model_dir), pack=False).model
     log: list[tuple] = []
     config = TrainConfig(
@@ -54,23 +56,42 @@ def _train(model_dir: Path, records: list[dict], out: Path, steps: int) -> list[
         warmup_steps=5,
         checkpoint_every=10,
     )
-    train_streams(model, records, 1, STREAMS, config, out, "tiny", lambda *a: log.append(a))
-    return log
+    report = lambda *a: log.append(a)  # noqa: E731
+    _, dev_top1 = train_streams(model, records, 1, STREAMS, config, out, "tiny", report, None, dev)
+    return log, dev_top1
 
 
 def test_streams_learn(tiny_model_dir: Path, records: list[dict], tmp_path: Path) -> None:
-    log = _train(tiny_model_dir, records, tmp_path, 80)
+    training, held = hold_out(records, 4)
+    _, untrained = _train(tiny_model_dir, training, tmp_path / "untrained", 1, held)
+    log, trained = _train(tiny_model_dir, training, tmp_path / "trained", 80, held)
     first = sum(loss for _, loss, _ in log[:10]) / 10
     last = sum(loss for _, loss, _ in log[-10:]) / 10
     assert last < 0.8 * first
-    assert log[-1][2][0] > log[0][2][0]  # stream-1 top-1 accuracy rose
+    assert log[-1][2][0] > log[0][2][0]  # stream-1 top-1 accuracy rose on training batches
+    assert len(trained) == STREAMS.n_streams
+    assert trained[0] > untrained[0]  # and on sequences it never trained on
+
+
+def test_held_out_sequences_do_not_depend_on_order(records: list[dict]) -> None:
+    def contents(chosen: list[dict]) -> set[tuple[int, ...]]:
+        return {tuple(r["tokens"].tolist()) for r in chosen}
+
+    training, held = hold_out(records, 3)
+    assert 1 <= len(contents(held)) == min(3, len(records) // 10)
+    assert len(training) + len(held) == len(records)
+    assert not contents(held) & contents(training)  # a copy of a held sequence never trains
+    assert contents(hold_out(records[::-1], 3)[1]) == contents(held)
+    assert hold_out(records, 0) == (records, [])
+    with pytest.raises(ValueError, match="hold out"):
+        hold_out(records, -1)
 
 
 def test_training_resumes_from_its_checkpoint(
     tiny_model_dir: Path, records: list[dict], tmp_path: Path
 ) -> None:
     _train(tiny_model_dir, records, tmp_path, 10)
-    log = _train(tiny_model_dir, records, tmp_path, 15)
+    log, _ = _train(tiny_model_dir, records, tmp_path, 15)
     assert [step for step, *_ in log] == [11, 12, 13, 14, 15]
     assert torch.load(tmp_path / "checkpoint.pt", weights_only=True)["step"] == 15
     assert not list(tmp_path.glob("*.tmp"))
@@ -87,7 +108,7 @@ def test_training_continues_from_given_streams(
     config = TrainConfig(steps=1, batch_sequences=2, positions_per_sequence=4, lr=1e-12)
     # The given streams' configuration wins over the one passed (another draft vocabulary size).
     other = StreamConfig(n_streams=2, n_stream_layers=1, adapter_rank=4, draft_vocab_size=32)
-    continued = train_streams(
+    continued, _ = train_streams(
         model, records, 1, other, config, tmp_path / "second", "tiny", None, copy.deepcopy(first)
     )
     assert continued.config == STREAMS
