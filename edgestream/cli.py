@@ -851,6 +851,8 @@ def train_streams_command(
 ) -> None:
     """Train speculative streams: lossless (distil the base model's own answers, train the
     streams on them) or shared (fine-tune LoRA and streams together on a task)."""
+    import torch
+
     from edgestream.llm.msa import StreamConfig, load_streams, save_streams
     from edgestream.llm.train import TrainConfig, hold_out, train_streams
 
@@ -890,7 +892,7 @@ def train_streams_command(
 
     def train(base: object, records: list[dict], at: int, report: object) -> tuple:
         training, held = hold_out(records, dev_sequences)
-        given = None if init_streams is None else load_streams(init_streams, base)[0]
+        given = None if init_streams is None else load_streams(init_streams, base, torch.float32)[0]
         trained, dev_top1 = train_streams(
             base, training, at, stream_config, config, out, model, report, given, held
         )
@@ -968,9 +970,11 @@ def _train_shared_mode(
     records = task_records(lm, prompts, max_answer_tokens)
     initial = None
     if init_streams is not None:
+        import torch
+
         from edgestream.llm.msa import load_streams
 
-        initial, _ = load_streams(init_streams, lm.model)
+        initial, _ = load_streams(init_streams, lm.model, torch.float32)
     started = time.time()
     kind = "stream (main first)" if stream_config else "token"
     with _training_progress(kind, config.steps, rank, started) as (_bar, report):
@@ -1062,15 +1066,26 @@ def train_medusa_command(
     batch: TrainBatch = 4,
     positions: TrainPositions = 128,
     lr: Annotated[float, typer.Option(help="Peak learning rate.")] = 1e-3,
+    warmup: Annotated[int, typer.Option(help="Linear warm-up steps.")] = 100,
+    init_heads: Annotated[
+        Path | None,
+        typer.Option(help="Start from these trained heads (their configuration wins)."),
+    ] = None,
     threads: Threads = None,
 ) -> None:
     """Train Medusa-1 heads (the baseline) on the same self-distilled data as the streams."""
-    from edgestream.llm.medusa import MedusaConfig, save_medusa, train_medusa
+    import torch
+
+    from edgestream.llm.medusa import MedusaConfig, load_medusa, save_medusa, train_medusa
     from edgestream.llm.train import TrainConfig
 
     medusa_config = MedusaConfig(heads, draft_vocab)
     config = TrainConfig(
-        steps=steps, batch_sequences=batch, positions_per_sequence=positions, lr=lr
+        steps=steps,
+        batch_sequences=batch,
+        positions_per_sequence=positions,
+        lr=lr,
+        warmup_steps=warmup,
     )
     result = _train_drafter(
         "head",
@@ -1084,14 +1099,26 @@ def train_medusa_command(
         config,
         threads,
         lambda base, records, at, report: train_medusa(
-            base, records, at, medusa_config, config, out, model, report
+            base,
+            records,
+            at,
+            medusa_config,
+            config,
+            out,
+            model,
+            report,
+            None if init_heads is None else load_medusa(init_heads, base, torch.float32)[0],
         ),
     )
     if result is None:
         return
     trained, info = result
     target = export or out / "medusa.safetensors"
-    save_medusa(trained, target, {**info, "full_vocab_parameters": trained.full_vocab_parameters()})
+    facts = {
+        "full_vocab_parameters": trained.full_vocab_parameters(),
+        "init_heads": None if init_heads is None else str(init_heads),
+    }
+    save_medusa(trained, target, {**info, **facts})
     stderr.print(f"Medusa heads: {target} ({trained.extra_parameters():,} parameters)")
 
 

@@ -150,14 +150,21 @@ def train_medusa(
     out_dir: Path,
     model_name: str,
     progress: ProgressFn | None = None,
+    init_heads: MedusaHeads | None = None,
 ) -> MedusaHeads:
-    """Train (or resume training) Medusa heads on distilled records; see `train.fit`."""
+    """Train (or resume training) Medusa heads on distilled records; see `train.fit`.
+    `init_heads` (trained heads) continue training instead of new ones; their configuration,
+    draft vocabulary included, replaces `medusa_config`."""
     if not records:
         raise ValueError("no training sequences")
     torch.manual_seed(config.seed)
-    heads = MedusaHeads(model.config, medusa_config)
-    size = medusa_config.draft_vocab_size
-    heads.init_from(model, frequent_answer_tokens(records, size) if size else None)
+    if init_heads is not None:
+        heads = init_heads.float().requires_grad_(True).train()
+        medusa_config = heads.config
+    else:
+        heads = MedusaHeads(model.config, medusa_config)
+        size = medusa_config.draft_vocab_size
+        heads.init_from(model, frequent_answer_tokens(records, size) if size else None)
     # Once, not every step: the frozen layers above the captured states, for every sequence.
     records = advance_states(model, records, captured_at, model.config.n_layers)
     objective = MedusaObjective(model.requires_grad_(False), heads)
@@ -181,12 +188,15 @@ def save_medusa(heads: MedusaHeads, path: Path, info: dict[str, object]) -> None
     save_weights(heads, path, "medusa_config", heads.config.to_dict(), info)
 
 
-def load_medusa(path: Path, model: Transformer) -> tuple[MedusaHeads, dict[str, object]]:
-    """Heads saved by `save_medusa`, in the model's dtype, plus their `info` metadata."""
+def load_medusa(
+    path: Path, model: Transformer, dtype: torch.dtype | None = None
+) -> tuple[MedusaHeads, dict[str, object]]:
+    """Heads saved by `save_medusa`, in the model's dtype (or `dtype`:
+    float32 to train them further), plus their `info` metadata."""
     return load_drafter(
         path,
         "medusa_config",
         "Medusa heads",
         lambda c: MedusaHeads(model.config, MedusaConfig(**c)),
-        model.dtype,
+        dtype or model.dtype,
     )

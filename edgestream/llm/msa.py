@@ -350,12 +350,15 @@ def save_streams(streams: SpeculativeStreams, path: Path, info: dict[str, object
     save_weights(streams, path, "stream_config", streams.config.to_dict(), info)
 
 
-def load_streams(path: Path, model: Transformer) -> tuple[SpeculativeStreams, dict[str, object]]:
-    """Streams saved by `save_streams`, in the model's dtype, plus their `info` metadata."""
+def load_streams(
+    path: Path, model: Transformer, dtype: torch.dtype | None = None
+) -> tuple[SpeculativeStreams, dict[str, object]]:
+    """Streams saved by `save_streams`, in the model's dtype (or `dtype`:
+    float32 to train them further), plus their `info` metadata."""
     return load_drafter(
         path,
         "stream_config",
         "stream weights",
         lambda c: SpeculativeStreams(model.config, StreamConfig(**c)),
-        model.dtype,
+        dtype or model.dtype,
     )

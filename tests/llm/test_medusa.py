@@ -77,6 +77,18 @@ def test_heads_learn_and_resume(tiny_model_dir: Path, records: list[dict], tmp_p
     assert info == {"note": "test"}
     torch.testing.assert_close(loaded.head_weight, heads.head_weight)
     torch.testing.assert_close(loaded.draft_vocab, heads.draft_vocab)
+    # Trained heads continue training from where they are (their configuration wins), loaded
+    # in float32 whatever the base model's dtype.
+    given, _ = load_medusa(tmp_path / "heads.safetensors", model.to(torch.bfloat16), torch.float32)
+    assert given.head_weight.dtype == torch.float32
+    tiny_lr = TrainConfig(steps=1, batch_sequences=2, positions_per_sequence=4, lr=1e-12)
+    other = MedusaConfig(n_heads=2, draft_vocab_size=32)
+    continued = train_medusa(
+        model.float(), records, 1, other, tiny_lr, tmp_path / "more", "tiny", None, given
+    )
+    assert continued.config == CONFIG
+    torch.testing.assert_close(continued.draft_vocab, heads.draft_vocab)
+    torch.testing.assert_close(continued.head_weight, heads.head_weight, rtol=0, atol=1e-9)
 
 
 def test_loading_rejects_other_files(tiny_model_dir: Path, tmp_path: Path) -> None:
