@@ -369,6 +369,13 @@ def bench_spec_command(
     lookup_tokens: Annotated[
         int, typer.Option(help="Longest prompt-lookup branch on the stream tree (ss-pld).")
     ] = 6,
+    lookup_alone_ngram: Annotated[
+        int,
+        typer.Option(
+            help="ss-pld: verify a lookup draft alone, without the streams, when at least "
+            "this many last tokens matched (0: always graft it onto the stream tree)."
+        ),
+    ] = 2,
     memory: Annotated[
         bool,
         typer.Option(help="Also measure each method's peak memory in a process of its own."),
@@ -416,6 +423,11 @@ def bench_spec_command(
         )
     if draft_tokens < 1:
         raise ValueError(f"--draft-tokens must be at least 1, got {draft_tokens}")
+    longest_ngram = MethodOptions.pld_ngram
+    if not 0 <= lookup_alone_ngram <= longest_ngram:
+        raise ValueError(
+            f"--lookup-alone-ngram must be between 0 and {longest_ngram}, got {lookup_alone_ngram}"
+        )
     sampling = Sampling(temperature=temperature, top_p=top_p, seed=seed)
     if not sampling.greedy and any(m in REFERENCE_METHODS for m in names):
         raise ValueError("the outside references (hf-pld, llamacpp) are measured greedy only")
@@ -428,6 +440,7 @@ def bench_spec_command(
         draft_tokens=draft_tokens,
         pld_tokens=pld_tokens,
         lookup_tokens=lookup_tokens,
+        lookup_alone_ngram=lookup_alone_ngram,
     )
     if "llamacpp" in names and not llamacpp_available():
         stderr.print(
@@ -455,6 +468,13 @@ def bench_spec_command(
         if name in METHODS:
             report["methods"][name].update(footprint(name, lm, options))
     report["setup"]["peak_memory_mib"] = peak_rss_mib()  # the process, every method loaded
+    report["setup"]["options"] = {
+        "tree": {"top_k": list(options.tree.top_k), "max_nodes": options.tree.max_nodes},
+        "draft_tokens": draft_tokens,
+        "pld_tokens": pld_tokens,
+        "lookup_tokens": lookup_tokens,
+        "lookup_alone_ngram": lookup_alone_ngram,
+    }
     if memory:
         generate_options = ["--model", model, "--dtype", dtype, "--threads", str(threads)]
         weights = {"--streams": streams, "--medusa": medusa, "--draft": draft, "--adapter": adapter}

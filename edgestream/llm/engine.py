@@ -200,6 +200,7 @@ def generate_ss(
     sampling: Sampling = Sampling(),
     lookup_tokens: int = 0,
     lookup_ngram: int = 3,
+    lookup_alone_ngram: int = 0,
 ) -> GenerationResult:
     """Speculative Streaming decoding; the output is `generate_ar`'s: token for token when
     greedy, the same distribution when sampling (the same tokens for the same seed).
@@ -207,6 +208,10 @@ def generate_ss(
     `lookup_tokens` > 0 grafts a prompt lookup draft of up to that many tokens (n-grams of
     at most `lookup_ngram`) onto every stream tree, verified in the same pass: the streams
     draft what the model would say, the lookup what the prompt already holds.
+    `lookup_alone_ngram` > 0 goes further: when the last `lookup_alone_ngram` or more tokens
+    recur earlier, the lookup draft is verified alone, as a chain, and the stream pass is
+    skipped for it (where the answer copies its input, that is the cheapest pass there is);
+    the streams draft wherever there is nothing to copy.
 
     placement "all" is the paper's layout: streams run at every tree node inside the
     verification pass and the last accepted node's drafts are kept. "accepted" runs the
@@ -217,11 +222,13 @@ def generate_ss(
     """
     if placement not in STREAM_PLACEMENTS:
         raise ValueError(f"unknown placement {placement!r}: expected {STREAM_PLACEMENTS}")
-    if lookup_tokens < 0 or lookup_ngram < 1:
+    if lookup_tokens < 0 or lookup_ngram < 1 or not 0 <= lookup_alone_ngram <= lookup_ngram:
         raise ValueError(
-            f"expected lookup_tokens >= 0 and lookup_ngram >= 1, got {lookup_tokens}, "
-            f"{lookup_ngram}"
+            "expected lookup_tokens >= 0, lookup_ngram >= 1 and 0 <= lookup_alone_ngram <= "
+            f"lookup_ngram, got {lookup_tokens}, {lookup_ngram}, {lookup_alone_ngram}"
         )
+    if lookup_alone_ngram and not lookup_tokens:
+        raise ValueError("lookup_alone_ngram needs lookup_tokens > 0")
     in_pass = placement == "all"
     budget = check_request(prompt_ids, max_new_tokens, model.config.max_position)
     out = Emitter(budget, stop_ids, on_token)
@@ -241,16 +248,20 @@ def generate_ss(
         drafts = stream_pass(model, streams, step.split_hidden[:, -1], P - 1, cache, root)[0]
     candidates, log_probs = head.top_k(drafts, k)
     out.emit([root])
+    alone: list[int] = []  # a lookup draft to verify without a stream tree
     while not out.done:
         # The root is certain but not yet in the cache; a node at depth d would emit d + 1
         # tokens, so the tree never grows deeper than the budget left.
         depth_left = out.remaining - 1
-        depth = min(len(shape.top_k), depth_left)
-        tree = build_tree(root, candidates[:depth], log_probs[:depth], shape)
-        if lookup_tokens:
-            context = prompt_ids + out.ids  # ends with the root
-            chain = prompt_lookup_draft(context, lookup_ngram, min(lookup_tokens, depth_left))
-            tree = graft_chain(tree, chain)
+        if alone:
+            tree = DraftTree.chain([root, *alone])
+        else:
+            depth = min(len(shape.top_k), depth_left)
+            tree = build_tree(root, candidates[:depth], log_probs[:depth], shape)
+            if lookup_tokens:
+                context = prompt_ids + out.ids  # ends with the root
+                chain = prompt_lookup_draft(context, lookup_ngram, min(lookup_tokens, depth_left))
+                tree = graft_chain(tree, chain)
         prefix = cache.length
         step = ss_forward(
             model,
@@ -268,6 +279,11 @@ def generate_ss(
         cache.compact(prefix + torch.tensor(path), prefix)
         if out.done:
             break
+        if lookup_alone_ngram:
+            context, longest = prompt_ids + out.ids, min(lookup_tokens, out.remaining - 1)
+            alone = prompt_lookup_draft(context, lookup_ngram, longest, lookup_alone_ngram)
+            if alone and not in_pass:
+                continue  # the next pass verifies the lookup draft alone: no streams needed
         if in_pass:
             drafts = step.stream_hidden[0, last]
         else:

@@ -45,6 +45,9 @@ class MethodOptions:
     pld_tokens: int = 10  # prompt lookup: longest draft
     pld_ngram: int = 3  # prompt lookup: longest n-gram matched
     lookup_tokens: int = 6  # ss-pld: longest prompt-lookup branch grafted onto the stream tree
+    # ss-pld: a lookup match of at least this many tokens is verified alone, without streams
+    # (0: always graft it onto the stream tree)
+    lookup_alone_ngram: int = 2
 
 
 def resolve_streams(lm: LanguageModel, path: Path | None) -> tuple[SpeculativeStreams, dict]:
@@ -106,6 +109,7 @@ def make_decoder(
         sampling=sampling,
         lookup_tokens=lookup,
         lookup_ngram=options.pld_ngram,
+        lookup_alone_ngram=options.lookup_alone_ngram if lookup else 0,
     )
 
 

@@ -97,6 +97,38 @@ def test_a_grafted_lookup_branch_stays_lossless_and_saves_passes_on_loops(
     hybrid = generate_ss(model, chosen, prompt, 60, placement=placement, lookup_tokens=6)
     assert hybrid.token_ids == alone.token_ids == ar.token_ids
     assert hybrid.forward_passes < alone.forward_passes
+    # Lookup drafts verified alone (no stream tree) where the last 2 tokens recur: still AR.
+    first = generate_ss(
+        model, chosen, prompt, 60, placement=placement, lookup_tokens=6, lookup_alone_ngram=2
+    )
+    assert first.token_ids == ar.token_ids
+    assert first.forward_passes < alone.forward_passes
+
+
+def test_lookup_drafts_verified_alone_skip_the_stream_pass(
+    model: Transformer, streams: SpeculativeStreams, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import edgestream.llm.engine as engine
+
+    prompt = _prompt(6, 0) + [7, 8, 9, 10] * 4
+    calls = {"streams": 0}
+    real = engine.stream_pass
+
+    def counted(*args: object, **kwargs: object) -> object:
+        calls["streams"] += 1
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(engine, "stream_pass", counted)
+    grafted = generate_ss(model, streams, prompt, 40, lookup_tokens=6)
+    with_grafts = calls["streams"]
+    calls["streams"] = 0
+    first = generate_ss(model, streams, prompt, 40, lookup_tokens=6, lookup_alone_ngram=1)
+    assert first.token_ids == grafted.token_ids == generate_ar(model, prompt, 40).token_ids
+    # A stream pass follows every verification when grafting, only lookup misses otherwise.
+    assert with_grafts == grafted.forward_passes - 1
+    assert calls["streams"] < first.forward_passes - 1
+    with pytest.raises(ValueError, match="lookup_alone_ngram"):
+        generate_ss(model, streams, prompt, 8, lookup_alone_ngram=1)
 
 
 def test_grafting_merges_shared_prefixes_and_keeps_parents_first() -> None:
