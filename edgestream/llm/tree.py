@@ -11,6 +11,7 @@ streams are. All metadata are small host-side lists plus tensors built once per 
 from __future__ import annotations
 
 import heapq
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -27,12 +28,17 @@ class TreeShape:
     # beat chains and 4-6 node trees in float32.
     top_k: tuple[int, ...] = (4, 3, 2, 1)  # candidates considered per depth (stream 1, 2, ...)
     max_nodes: int = 8  # nodes in the flattened tree, root included
+    # Paths the streams give less than this probability are not verified: every node costs
+    # verification work, and an unlikely one rarely pays it back.
+    min_path_prob: float = 0.0
 
     def __post_init__(self) -> None:
         if not self.top_k or min(self.top_k) < 1:
             raise ValueError(f"top_k needs at least one depth, each >= 1; got {self.top_k}")
         if self.max_nodes < 1:
             raise ValueError(f"max_nodes must be >= 1, got {self.max_nodes}")
+        if not 0.0 <= self.min_path_prob < 1.0:
+            raise ValueError(f"min_path_prob must be in [0, 1), got {self.min_path_prob}")
 
 
 @dataclass(frozen=True)
@@ -78,8 +84,11 @@ def build_tree(root: int, candidates: Tensor, log_probs: Tensor, shape: TreeShap
     if depth_limit:
         for i in range(shape.top_k[0]):
             heapq.heappush(frontier, (-lps[0][i], (i,)))
+    min_score = math.log(shape.min_path_prob) if shape.min_path_prob > 0 else -math.inf
     while frontier and len(chosen) < shape.max_nodes - 1:
         neg_score, path = heapq.heappop(frontier)
+        if -neg_score < min_score:
+            break  # best first: every path left is less probable still
         chosen.append(path)
         depth = len(path)
         if depth < depth_limit:

@@ -216,6 +216,11 @@ def test_tree_follows_probabilities_under_the_budget() -> None:
     assert tree.tokens == [1, 10, 11, 20, 30, 31]
     assert tree.parents == [-1, 0, 0, 1, 3, 3]
     assert tree.depths == [0, 1, 1, 2, 3, 3]
+    # A probability floor drops the paths under it, however much budget is left.
+    pruned = TreeShape(top_k=(3, 2, 2), max_nodes=6, min_path_prob=0.25)
+    assert build_tree(1, candidates, log_probs, pruned).tokens == [1, 10, 20, 30]
+    with pytest.raises(ValueError, match="min_path_prob"):
+        TreeShape(min_path_prob=1.0)
 
 
 def test_tree_never_exceeds_the_depth_given() -> None:
