@@ -1,8 +1,9 @@
 """Decoding methods by name: what `generate --method` and `bench spec --methods` choose from.
 
 A `Decoder` maps (prompt ids, max new tokens, token callback) to a `GenerationResult`, so every
-method is run and measured the same way. "ss-pld" is Speculative Streaming with a prompt
-lookup branch grafted onto each stream tree (both drafts verified in one pass).
+method is run and measured the same way. "ss-pld" is Speculative Streaming with prompt
+lookup: a lookup draft from a match of `lookup_alone_ngram` tokens or more is verified alone
+(no stream pass), a shorter match's is grafted onto the stream tree (both in one pass).
 """
 
 from __future__ import annotations
