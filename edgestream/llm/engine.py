@@ -282,8 +282,8 @@ def generate_ss(
         if lookup_alone_ngram:
             context, longest = prompt_ids + out.ids, min(lookup_tokens, out.remaining - 1)
             alone = prompt_lookup_draft(context, lookup_ngram, longest, lookup_alone_ngram)
-            if alone and not in_pass:
-                continue  # the next pass verifies the lookup draft alone: no streams needed
+            if alone:
+                continue  # the next pass verifies the lookup draft alone: no drafts needed
         if in_pass:
             drafts = step.stream_hidden[0, last]
         else:
