@@ -96,6 +96,7 @@ def make_decoder(
             lm.model, draft, ids, n, stop, options.draft_tokens, cb, sampling
         )
     streams = options.streams or resolve_streams(lm, options.streams_path)[0]
+    streams = streams.merged_for(lm.model)  # adapters folded in: fewer ops per stream pass
     head = DraftHead(lm.model, streams)
     lookup = options.lookup_tokens if method == "ss-pld" else 0
     return lambda ids, n, cb: generate_ss(

@@ -14,6 +14,7 @@ the stream rows through the same weights while they are still hot in the CPU cac
 
 from __future__ import annotations
 
+import copy
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -85,6 +86,43 @@ class StreamAdapter(nn.Module):
         self.qkv = LowRank(dim, qkv_out, rank)
         self.o = LowRank(attn.n_heads * attn.head_dim, dim, rank)
 
+    def project_qkv(self, block: Block, h: Tensor) -> Tensor:
+        update = self.qkv(h.to(self.qkv.up.weight.dtype)).to(h.dtype)
+        return block.attention.wqkv(h) + update
+
+    def project_out(self, block: Block, out: Tensor) -> Tensor:
+        return block.attention.wo(out) + self.o(out.to(self.o.up.weight.dtype)).to(out.dtype)
+
+
+class MergedStreamProjections(nn.Module):
+    """One MSA layer's stream-row q/k/v and output projections with the adapter folded in.
+
+    W + B A, computed once for inference. Why: the stream pass runs a handful of rows, so its
+    cost is per-op overhead rather than weight bytes; folding removes the adapter's four small
+    matmuls, two casts and two adds per layer. Stream rows only: main rows keep W.
+    """
+
+    def __init__(self, block: Block, adapter: StreamAdapter) -> None:
+        super().__init__()
+        attn = block.attention
+        self.wqkv = _folded(attn.wqkv, adapter.qkv)
+        self.wo = _folded(attn.wo, adapter.o)
+
+    def project_qkv(self, block: Block, h: Tensor) -> Tensor:
+        return self.wqkv(h)
+
+    def project_out(self, block: Block, out: Tensor) -> Tensor:
+        return self.wo(out)
+
+
+def _folded(base: nn.Module, update: LowRank) -> nn.Module:
+    """A linear layer computing base(x) + update(x), in the base dtype (packed if base was)."""
+    weight = base.weight if isinstance(base, nn.Linear) else base.plain_weight()
+    delta = update.up.weight.float() @ update.down.weight.float()  # (out, in)
+    linear = nn.Linear(weight.shape[1], weight.shape[0], bias=False, dtype=weight.dtype)
+    linear.weight = nn.Parameter((weight.float() + delta).to(weight.dtype), requires_grad=False)
+    return PackedLinear(linear) if isinstance(base, PackedLinear) else linear
+
 
 class SpeculativeStreams(nn.Module):
     """The trainable part of Speculative Streaming; the base model stays untouched.
@@ -122,6 +160,22 @@ class SpeculativeStreams(nn.Module):
 
     def extra_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters())
+
+    def merged_for(self, model: Transformer) -> SpeculativeStreams:
+        """A copy for inference with each layer's adapter folded into copies of the model's
+        stream-layer projections (`MergedStreamProjections`); this object stays trainable.
+
+        The copy drafts what this one drafts up to float rounding; it cannot be trained or saved.
+        """
+        merged = copy.deepcopy(self)
+        if len(self.adapters):
+            layers = model.layers[self.split :]
+            merged.adapters = nn.ModuleList(
+                MergedStreamProjections(block, adapter)
+                for block, adapter in zip(layers, self.adapters, strict=True)
+            )
+        merged.requires_grad_(False)
+        return merged
 
     @property
     def token_aware(self) -> bool:
@@ -163,7 +217,7 @@ def stream_mask(node_mask: Tensor, n_streams: int) -> Tensor:
 
 def stream_layer(
     block: Block,
-    adapter: StreamAdapter | None,
+    adapter: StreamAdapter | MergedStreamProjections | None,
     s: Tensor,
     rope: tuple[Tensor, Tensor],
     mask: Tensor,
@@ -181,9 +235,7 @@ def stream_layer(
     B, R, _ = s.shape
     q_size, kv_size = attn.n_heads * attn.head_dim, attn.n_kv_heads * attn.head_dim
     h = block.attention_norm(s)
-    qkv = attn.wqkv(h)
-    if adapter is not None:
-        qkv = qkv + adapter.qkv(h.to(adapter.qkv.up.weight.dtype)).to(qkv.dtype)
+    qkv = attn.wqkv(h) if adapter is None else adapter.project_qkv(block, h)
     q, k, v = qkv.split([q_size, kv_size, kv_size], dim=-1)
     q = q.view(B, R, attn.n_heads, attn.head_dim).transpose(1, 2)  # (B, H, R, hd)
     k = k.view(B, R, attn.n_kv_heads, attn.head_dim).transpose(1, 2)  # (B, Hkv, R, hd)
@@ -198,10 +250,7 @@ def stream_layer(
         q, keys, values, attn_mask=mask, enable_gqa=attn.n_heads != attn.n_kv_heads
     )
     out = out.transpose(1, 2).reshape(B, R, q_size)  # (B, R, H * hd)
-    o = attn.wo(out)
-    if adapter is not None:
-        o = o + adapter.o(out.to(adapter.o.up.weight.dtype)).to(o.dtype)
-    s = s + o
+    s = s + (attn.wo(out) if adapter is None else adapter.project_out(block, out))
     return s + block.feed_forward(block.ffn_norm(s))
 
 
@@ -263,7 +312,9 @@ def stream_inputs(
     return s, rope, stream_mask(node_mask, gamma)
 
 
-def adapter_for(streams: SpeculativeStreams, layer: int) -> StreamAdapter | None:
+def adapter_for(
+    streams: SpeculativeStreams, layer: int
+) -> StreamAdapter | MergedStreamProjections | None:
     return streams.adapters[layer - streams.split] if len(streams.adapters) else None
 
 

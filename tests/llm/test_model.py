@@ -5,7 +5,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from edgestream.llm.model import KVCache, ModelConfig, Transformer, can_pack_weights, causal_mask
+from edgestream.llm.model import (
+    KVCache,
+    ModelConfig,
+    PackedLinear,
+    Transformer,
+    can_pack_weights,
+    causal_mask,
+)
 from tests.conftest import tiny_llama, tiny_llama_config
 
 
@@ -114,6 +121,13 @@ def test_packed_weights_match_plain(hf_model: object, ours: Transformer) -> None
     torch.testing.assert_close(
         packed(tokens, packed.new_cache(12)), plain_logits, rtol=1e-4, atol=1e-4
     )
+
+
+@pytest.mark.skipif(not can_pack_weights(), reason="this PyTorch build has no oneDNN")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_packed_layers_give_their_plain_weight_back(dtype: torch.dtype) -> None:
+    linear = torch.nn.Linear(24, 40, bias=False).to(dtype)
+    assert torch.equal(PackedLinear(linear).plain_weight(), linear.weight.detach())
 
 
 @torch.inference_mode()

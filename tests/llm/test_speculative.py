@@ -8,9 +8,10 @@ import pytest
 import torch
 
 from edgestream.llm.engine import generate_ar, generate_ss
-from edgestream.llm.model import Transformer
+from edgestream.llm.model import Transformer, can_pack_weights
 from edgestream.llm.msa import (
     SpeculativeStreams,
+    StreamAdapter,
     StreamConfig,
     load_streams,
     save_streams,
@@ -166,6 +167,36 @@ def test_streams_after_verification_equal_streams_in_the_pass(
     assert later.stream_hidden.shape[1] == 0
     after = stream_pass(model, plain_streams, later.split_hidden[:, -1], 8, cache, next_token=0)
     torch.testing.assert_close(after, in_pass.stream_hidden[:, -1], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("pack", [False, True])
+@torch.inference_mode()
+def test_merged_adapters_draft_what_the_adapters_draft(
+    streams: SpeculativeStreams, plain_streams: SpeculativeStreams, pack: bool
+) -> None:
+    """Folding the adapters into copies of the projections changes rounding only, for plain
+    and packed models, in and after the pass; the streams given stay trainable and unchanged."""
+    if pack and not can_pack_weights():
+        pytest.skip("this PyTorch build has no oneDNN")
+    base = Transformer.from_hf(tiny_llama(max_position=128))
+    base = base.pack_weights() if pack else base
+    before = {k: v.clone() for k, v in streams.state_dict().items()}
+    merged = streams.merged_for(base)
+    assert all(isinstance(a, StreamAdapter) for a in streams.adapters)
+    assert all(torch.equal(v, before[k]) for k, v in streams.state_dict().items())
+    tokens = torch.tensor([_prompt(9, 7)])
+    cache = base.new_cache(16)
+    none = torch.zeros(0, dtype=torch.long)
+    out = ss_forward(base, streams, tokens, cache, stream_nodes=none)
+    args = (out.split_hidden[:, -1], 8, cache, 5)
+    expected = stream_pass(base, streams, *args)
+    torch.testing.assert_close(stream_pass(base, merged, *args), expected, rtol=1e-4, atol=1e-4)
+    in_pass = ss_forward(base, plain_streams, tokens, base.new_cache(16)).stream_hidden
+    got = ss_forward(base, plain_streams.merged_for(base), tokens, base.new_cache(16))
+    torch.testing.assert_close(got.stream_hidden, in_pass, rtol=1e-4, atol=1e-4)
+    prompt = _prompt(10, 3)
+    ss = generate_ss(base, merged, prompt, 40)
+    assert ss.token_ids == generate_ar(base, prompt, 40).token_ids
 
 
 def test_streams_depend_only_on_the_past(
