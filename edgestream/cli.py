@@ -534,7 +534,14 @@ def bench_quality_command(
     from rich.table import Table
 
     from edgestream.bench.environment import machine_facts
-    from edgestream.bench.quality import QUALITY_TASKS, decode_all, score, speed_stats
+    from edgestream.bench.quality import (
+        QUALITY_TASKS,
+        decode_all,
+        paired_difference,
+        per_prompt,
+        speed_stats,
+    )
+    from edgestream.bench.results import format_difference
     from edgestream.llm.loading import parse_dtype
     from edgestream.llm.methods import MethodOptions, make_decoder, resolve_streams
     from edgestream.llm.tasks import task_prompts
@@ -586,13 +593,21 @@ def bench_quality_command(
                 max_new_tokens,
                 lambda progress=progress: bar.advance(progress),
             )
+            scores = per_prompt(task, decoded["ar"].texts, references)
             row = {
                 "variant": name,
                 "mode": info.get("mode", "base (zero-shot)"),
                 "train_steps": info.get("train_config", {}).get("steps"),
                 "train_seconds": info.get("wall_seconds"),
-                **score(task, decoded["ar"].texts, references),
+                **{metric: round(sum(v) / len(v), 2) for metric, v in scores.items()},
+                "per_prompt": {metric: [round(x, 2) for x in v] for metric, v in scores.items()},
             }
+            if rows:  # prompt by prompt against the variant above: is the gap more than noise?
+                above = rows[-1]
+                row["vs_previous"] = {
+                    "variant": above["variant"],
+                    **{m: paired_difference(above["per_prompt"][m], v) for m, v in scores.items()},
+                }
             if "ss" in decoded:
                 row.update(speed_stats(decoded["ar"], decoded["ss"]))
             # Our answers only: references stay in the data folder (their licences).
@@ -611,14 +626,15 @@ def bench_quality_command(
     }
     table = Table(title=f"{task}: {len(prompts)} held-back prompts, {model}, {dtype}")
     metrics = [k for k in rows[0] if k in ("rouge1", "rougeLsum", "exact_match", "accuracy")]
-    columns = ["variant", "mode", *metrics, "SS speedup", "accepted/pass", "exact"]
-    for column in columns:
+    columns = ["variant", "mode", *metrics, f"{metrics[0]} vs row above, 95% CI"]
+    for column in [*columns, "SS speedup", "accepted/pass", "exact"]:
         table.add_column(column, justify="right")
     for row in rows:
         table.add_row(
             row["variant"],
             row["mode"],
             *(f"{row[m]:.2f}" for m in metrics),
+            format_difference(row.get("vs_previous", {}).get(metrics[0])),
             f"{row['speedup']:.2f}x" if "speedup" in row else "-",
             f"{row['mean_accepted']:.2f}" if "mean_accepted" in row else "-",
             f"{row['exact_match_vs_ar']:.2f}" if "exact_match_vs_ar" in row else "-",

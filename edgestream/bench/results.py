@@ -90,8 +90,9 @@ def render_quality(report: dict) -> str:
         "",
         "| variant | mode | training | "
         + " | ".join(metrics)
-        + " | AR tok/s | SS speedup | accepted / pass | SS exact vs AR |",
-        "|---|---|---|" + "---|" * len(metrics) + "---|---|---|---|",
+        + f" | {metrics[0]} vs row above (95% CI) | AR tok/s | SS speedup | accepted / pass"
+        " | SS exact vs AR |",
+        "|---|---|---|" + "---|" * len(metrics) + "---|---|---|---|---|",
     ]
     for row in rows:
         steps = row.get("train_steps")
@@ -109,11 +110,22 @@ def render_quality(report: dict) -> str:
         lines.append(
             f"| {row['variant']} | {row['mode']} | {training} | "
             + " | ".join(f"{row[m]:.2f}" for m in metrics)
-            + " | "
+            + f" | {format_difference(row.get('vs_previous', {}).get(metrics[0]))} | "
             + " | ".join(speed)
             + " |"
         )
     return "\n".join(lines)
+
+
+def format_difference(paired: dict[str, float] | None) -> str:
+    """'-0.86 [-3.10, +1.40]' from `paired_difference`'s result; '-' when there is none.
+
+    >>> format_difference({"difference": -0.86, "low": -3.1, "high": 1.4})
+    '-0.86 [-3.10, +1.40]'
+    """
+    if paired is None:
+        return "-"
+    return f"{paired['difference']:+.2f} [{paired['low']:+.2f}, {paired['high']:+.2f}]"
 
 
 def replace_block(page: str, name: str, body: str) -> str:

@@ -9,7 +9,14 @@ import pytest
 from safetensors import safe_open
 from typer.testing import CliRunner
 
-from edgestream.bench.quality import final_number, normalise_sql, rouge, score
+from edgestream.bench.quality import (
+    final_number,
+    normalise_sql,
+    paired_difference,
+    per_prompt,
+    rouge,
+    score,
+)
 from edgestream.cli import app
 from edgestream.datasets import default_data_dir
 from edgestream.llm.loading import load_language_model
@@ -49,6 +56,33 @@ def test_final_numbers_and_task_scores() -> None:
     }
     with pytest.raises(ValueError, match="unknown task"):
         score("xsum", ["a"], ["a"])
+
+
+def test_per_prompt_scores_average_to_the_task_score() -> None:
+    predictions, references = ["it is 42", "maybe 7", "none"], ["42", "8", "3"]
+    assert per_prompt("gsm8k", predictions, references) == {"accuracy": [100.0, 0.0, 0.0]}
+    texts = ["the cat sat.", "a dog barked loudly.", "rain"]
+    truth = ["the cat sat on the mat.", "the dog barked.", "sun"]
+    scores = per_prompt("dialogsum", texts, truth)
+    assert scores["rouge1"][0] == pytest.approx(200 / 3)
+    assert score("dialogsum", texts, truth) == {k: round(sum(v) / 3, 2) for k, v in scores.items()}
+
+
+def test_paired_bootstrap_interval() -> None:
+    rng = __import__("random").Random(3)
+    before = [rng.uniform(20, 60) for _ in range(40)]
+    # The same prompts, each 5 points better plus noise: the interval excludes 0, holds 5.
+    better = [b + 5 + rng.gauss(0, 3) for b in before]
+    gain = paired_difference(before, better)
+    assert 0 < gain["low"] < 5 < gain["high"]
+    assert gain["difference"] == pytest.approx(sum(better) / 40 - sum(before) / 40, abs=0.01)
+    # Noise around no change: the interval straddles 0.
+    same = [b + rng.gauss(0, 3) for b in before]
+    tie = paired_difference(before, same)
+    assert tie["low"] < 0 < tie["high"]
+    assert paired_difference(before, same) == tie  # seeded: reproducible
+    with pytest.raises(ValueError, match="no prompts"):
+        paired_difference([], [])
 
 
 needs_shared_data = pytest.mark.skipif(
@@ -126,3 +160,8 @@ def test_shared_and_lora_adapters_train_on_a_task_and_are_compared(tmp_path: Pat
     assert (base["variant"], lora["variant"], shared["variant"]) == ("base", "lora", "shared")
     assert lora["train_steps"] == shared["train_steps"] == 3
     assert "speedup" not in lora and shared["exact_match_vs_ar"] == 1.0
+    assert "vs_previous" not in base
+    assert shared["vs_previous"]["variant"] == "lora"
+    paired = shared["vs_previous"]["rouge1"]
+    assert paired["low"] <= paired["difference"] <= paired["high"]
+    assert len(shared["per_prompt"]["rouge1"]) == 2

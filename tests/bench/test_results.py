@@ -55,6 +55,11 @@ QUALITY = {
             "train_seconds": 1200,
             "rouge1": 30.0,
             "rougeLsum": 27.0,
+            "vs_previous": {
+                "variant": "base",
+                "rouge1": {"difference": 9.5, "low": 4.25, "high": 14.0},
+                "rougeLsum": {"difference": 8.75, "low": 3.5, "high": 13.0},
+            },
             "ar_tokens_per_second": 50.0,
             "speedup": 1.3,
             "mean_accepted": 2.1,
@@ -74,9 +79,9 @@ def test_spec_table_has_every_method_and_category() -> None:
 
 def test_quality_table_rows() -> None:
     text = render_quality(QUALITY)
-    assert "| base | base (zero-shot) | - | 20.50 | 18.25 | - | - | - | - |" in text
+    assert "| base | base (zero-shot) | - | 20.50 | 18.25 | - | - | - | - | - |" in text
     row = "| shared-dialogsum | shared | 150 steps, 20 min | 30.00 | 27.00 |"
-    assert row + " 50.0 | 1.30x | 2.10 | 1.00 |" in text
+    assert row + " +9.50 [+4.25, +14.00] | 50.0 | 1.30x | 2.10 | 1.00 |" in text
 
 
 def test_blocks_are_replaced_between_their_markers_only() -> None:
