@@ -398,6 +398,8 @@ def stream_pass(
 
 def save_streams(streams: SpeculativeStreams, path: Path, info: dict[str, object]) -> None:
     """Write stream weights as safetensors, with their config and `info` (JSON) as metadata."""
+    if any(isinstance(a, MergedStreamProjections) for a in streams.adapters):
+        raise ValueError("streams merged for inference cannot be saved: save the ones merged")
     save_weights(streams, path, "stream_config", streams.config.to_dict(), info)
 
 

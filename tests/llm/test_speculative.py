@@ -172,7 +172,7 @@ def test_streams_after_verification_equal_streams_in_the_pass(
 @pytest.mark.parametrize("pack", [False, True])
 @torch.inference_mode()
 def test_merged_adapters_draft_what_the_adapters_draft(
-    streams: SpeculativeStreams, plain_streams: SpeculativeStreams, pack: bool
+    streams: SpeculativeStreams, plain_streams: SpeculativeStreams, pack: bool, tmp_path: Path
 ) -> None:
     """Folding the adapters into copies of the projections changes rounding only, for plain
     and packed models, in and after the pass; the streams given stay trainable and unchanged."""
@@ -194,6 +194,8 @@ def test_merged_adapters_draft_what_the_adapters_draft(
     in_pass = ss_forward(base, plain_streams, tokens, base.new_cache(16)).stream_hidden
     got = ss_forward(base, plain_streams.merged_for(base), tokens, base.new_cache(16))
     torch.testing.assert_close(got.stream_hidden, in_pass, rtol=1e-4, atol=1e-4)
+    with pytest.raises(ValueError, match="cannot be saved"):
+        save_streams(merged, tmp_path / "merged.safetensors", {})
     prompt = _prompt(10, 3)
     ss = generate_ss(base, merged, prompt, 40)
     assert ss.token_ids == generate_ar(base, prompt, 40).token_ids
