@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from edgestream.llm.model import (
     KVCache,
@@ -12,6 +13,7 @@ from edgestream.llm.model import (
     Transformer,
     can_pack_weights,
     causal_mask,
+    decode_attention,
 )
 from tests.conftest import tiny_llama, tiny_llama_config
 
@@ -140,6 +142,25 @@ def test_bfloat16_follows_transformers_bfloat16(hf_model: object) -> None:
     assert got.dtype == torch.float32
     # bfloat16 keeps ~3 significant digits; compare with a matching tolerance.
     torch.testing.assert_close(got, expected, rtol=0.05, atol=0.1)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("heads", [(9, 3), (4, 4), (8, 1)])
+def test_decode_attention_equals_grouped_query_attention(
+    dtype: torch.dtype, heads: tuple[int, int]
+) -> None:
+    n_heads, n_kv_heads = heads
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(2, n_heads, 1, 16, generator=g).to(dtype)
+    cache = torch.randn(2, 2, n_kv_heads, 40, 16, generator=g).to(dtype)
+    keys, values = cache[0, :, :, :33], cache[1, :, :, :33]  # a filled part of a longer cache
+    expected = F.scaled_dot_product_attention(
+        q.float(), keys.float(), values.float(), enable_gqa=True
+    )
+    got = decode_attention(q, keys, values)
+    assert got.shape == expected.shape and got.dtype == dtype
+    tolerance = 1e-6 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(got.float(), expected, rtol=tolerance, atol=tolerance)
 
 
 def test_config_refuses_other_architectures() -> None:
