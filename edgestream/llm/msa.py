@@ -19,7 +19,6 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from edgestream.llm.model import (
@@ -29,6 +28,7 @@ from edgestream.llm.model import (
     Transformer,
     apply_rotary,
     can_pack_weights,
+    grouped_query_attention,
 )
 from edgestream.llm.weights_file import load_drafter, save_weights
 
@@ -246,9 +246,7 @@ def stream_layer(
     main_v = cache.v[layer][:B, :, :n_slots]
     keys = torch.cat([main_k, k], dim=2)  # (B, Hkv, n_slots + R, hd)
     values = torch.cat([main_v, v], dim=2)
-    out = F.scaled_dot_product_attention(
-        q, keys, values, attn_mask=mask, enable_gqa=attn.n_heads != attn.n_kv_heads
-    )
+    out = grouped_query_attention(q, keys, values, mask)
     out = out.transpose(1, 2).reshape(B, R, q_size)  # (B, R, H * hd)
     s = s + (attn.wo(out) if adapter is None else adapter.project_out(block, out))
     return s + block.feed_forward(block.ffn_norm(s))

@@ -13,7 +13,7 @@ from edgestream.llm.model import (
     Transformer,
     can_pack_weights,
     causal_mask,
-    decode_attention,
+    grouped_query_attention,
 )
 from tests.conftest import tiny_llama, tiny_llama_config
 
@@ -146,18 +146,23 @@ def test_bfloat16_follows_transformers_bfloat16(hf_model: object) -> None:
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("heads", [(9, 3), (4, 4), (8, 1)])
-def test_decode_attention_equals_grouped_query_attention(
-    dtype: torch.dtype, heads: tuple[int, int]
+@pytest.mark.parametrize(("T", "masked"), [(1, False), (1, True), (5, True)])
+def test_folded_query_heads_attend_like_grouped_query_attention(
+    dtype: torch.dtype, heads: tuple[int, int], T: int, masked: bool
 ) -> None:
     n_heads, n_kv_heads = heads
-    g = torch.Generator().manual_seed(0)
-    q = torch.randn(2, n_heads, 1, 16, generator=g).to(dtype)
+    g = torch.Generator().manual_seed(T)
+    q = torch.randn(2, n_heads, T, 16, generator=g).to(dtype)
     cache = torch.randn(2, 2, n_kv_heads, 40, 16, generator=g).to(dtype)
     keys, values = cache[0, :, :, :33], cache[1, :, :, :33]  # a filled part of a longer cache
+    # A tree-like mask, different per batch row and per query, so misplaced rows show.
+    mask = torch.rand(2, 1, T, 33, generator=g) < 0.6 if masked else None
+    if mask is not None:
+        mask[..., 0] = True  # every query sees something
     expected = F.scaled_dot_product_attention(
-        q.float(), keys.float(), values.float(), enable_gqa=True
+        q.float(), keys.float(), values.float(), attn_mask=mask, enable_gqa=True
     )
-    got = decode_attention(q, keys, values)
+    got = grouped_query_attention(q, keys, values, mask)
     assert got.shape == expected.shape and got.dtype == dtype
     tolerance = 1e-6 if dtype == torch.float32 else 2e-2
     torch.testing.assert_close(got.float(), expected, rtol=tolerance, atol=tolerance)
