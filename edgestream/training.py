@@ -4,7 +4,9 @@ checkpoints. Neither engine imports the other, so this lives beside them."""
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
+from datetime import timedelta
 from pathlib import Path
 
 import torch
@@ -25,6 +27,10 @@ def distributed_context() -> tuple[int, int]:
 
 def _leave_process_group() -> None:
     if dist.is_initialized():
+        # Leave together: a rank that tears gloo down while its peer still talks to it can
+        # abort the same way. A peer that already died must not hold this one up for long.
+        with contextlib.suppress(RuntimeError):
+            dist.monitored_barrier(timeout=timedelta(seconds=30))
         dist.destroy_process_group()
 
 
