@@ -537,6 +537,7 @@ def bench_quality_command(
     from edgestream.bench.quality import (
         QUALITY_TASKS,
         decode_all,
+        means,
         paired_difference,
         per_prompt,
         speed_stats,
@@ -599,7 +600,7 @@ def bench_quality_command(
                 "mode": info.get("mode", "base (zero-shot)"),
                 "train_steps": info.get("train_config", {}).get("steps"),
                 "train_seconds": info.get("wall_seconds"),
-                **{metric: round(sum(v) / len(v), 2) for metric, v in scores.items()},
+                **means(scores),
                 "per_prompt": {metric: [round(x, 2) for x in v] for metric, v in scores.items()},
             }
             if rows:  # prompt by prompt against the variant above: is the gap more than noise?

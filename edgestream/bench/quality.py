@@ -36,7 +36,7 @@ METRICS = {
 
 def rouge(predictions: Sequence[str], references: Sequence[str]) -> dict[str, float]:
     """Mean ROUGE-1 and ROUGE-Lsum F1 (x100); sentences split on full stops for Lsum."""
-    return _means(rouge_per_prompt(predictions, references))
+    return means(rouge_per_prompt(predictions, references))
 
 
 def rouge_per_prompt(
@@ -54,7 +54,8 @@ def rouge_per_prompt(
     return scores
 
 
-def _means(scores: dict[str, list[float]]) -> dict[str, float]:
+def means(scores: dict[str, list[float]]) -> dict[str, float]:
+    """Per-prompt scores -> their means, rounded as reported."""
     return {k: round(sum(v) / max(1, len(v)), 2) for k, v in scores.items()}
 
 
@@ -93,7 +94,7 @@ def final_number(text: str) -> float | None:
 
 def score(task: str, predictions: Sequence[str], references: Sequence[str]) -> dict[str, float]:
     """The task's metrics, averaged over the prompts (x100)."""
-    return _means(per_prompt(task, predictions, references))
+    return means(per_prompt(task, predictions, references))
 
 
 def per_prompt(
