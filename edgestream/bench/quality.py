@@ -129,8 +129,8 @@ def paired_difference(
     if not diffs:
         raise ValueError("no prompts to compare")
     rng, n = random.Random(seed), len(diffs)
-    means = sorted(sum(rng.choices(diffs, k=n)) / n for _ in range(rounds))
-    low, high = means[int(0.025 * rounds)], means[int(0.975 * rounds) - 1]
+    resampled = sorted(sum(rng.choices(diffs, k=n)) / n for _ in range(rounds))
+    low, high = resampled[int(0.025 * rounds)], resampled[int(0.975 * rounds) - 1]
     return {"difference": round(sum(diffs) / n, 2), "low": round(low, 2), "high": round(high, 2)}
 
 
