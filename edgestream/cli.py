@@ -723,6 +723,12 @@ DraftVocab = Annotated[
 TrainSteps = Annotated[int, typer.Option(help="Optimizer steps.")]
 TrainBatch = Annotated[int, typer.Option(help="Sequences per step (per process).")]
 TrainPositions = Annotated[int, typer.Option(help="Trained positions per sequence.")]
+PromptPositions = Annotated[
+    int,
+    typer.Option(
+        help="Prompt positions trained too, per sequence (their targets are the prompt's text)."
+    ),
+]
 Threads = Annotated[int | None, typer.Option(help="CPU threads per process.")]
 DistilledFrom = Annotated[
     Path | None,
@@ -875,6 +881,7 @@ def train_streams_command(
     steps: TrainSteps = 2000,
     batch: TrainBatch = 4,
     positions: TrainPositions = 128,
+    prompt_positions: PromptPositions = 0,
     lr: Annotated[float, typer.Option(help="Peak learning rate.")] = 2e-3,
     warmup: Annotated[int, typer.Option(help="Linear warm-up steps.")] = 100,
     dev_sequences: Annotated[
@@ -900,6 +907,7 @@ def train_streams_command(
         steps=steps,
         batch_sequences=batch,
         positions_per_sequence=positions,
+        prompt_positions_per_sequence=prompt_positions,
         lr=lr,
         warmup_steps=warmup,
     )
@@ -1102,6 +1110,7 @@ def train_medusa_command(
     steps: TrainSteps = 2000,
     batch: TrainBatch = 4,
     positions: TrainPositions = 128,
+    prompt_positions: PromptPositions = 0,
     lr: Annotated[float, typer.Option(help="Peak learning rate.")] = 1e-3,
     warmup: Annotated[int, typer.Option(help="Linear warm-up steps.")] = 100,
     init_heads: Annotated[
@@ -1121,6 +1130,7 @@ def train_medusa_command(
         steps=steps,
         batch_sequences=batch,
         positions_per_sequence=positions,
+        prompt_positions_per_sequence=prompt_positions,
         lr=lr,
         warmup_steps=warmup,
     )

@@ -41,6 +41,9 @@ class TrainConfig:
     steps: int = 2000
     batch_sequences: int = 4  # sequences per step (per rank)
     positions_per_sequence: int = 128  # answer positions whose streams train, per sequence
+    # Prompt positions trained as well, per sequence: their targets are the prompt's own text
+    # (as Medusa-1 trains on real text), not the model's answers, but they cost no distillation.
+    prompt_positions_per_sequence: int = 0
     lr: float = 2e-3
     warmup_steps: int = 100
     stream_weight: float = 0.1  # alpha_j, the same for every stream as in the paper
@@ -51,6 +54,11 @@ class TrainConfig:
         for name in ("steps", "batch_sequences", "positions_per_sequence", "checkpoint_every"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.prompt_positions_per_sequence < 0:
+            raise ValueError(
+                f"prompt_positions_per_sequence must be >= 0, got "
+                f"{self.prompt_positions_per_sequence}"
+            )
 
 
 @dataclass
@@ -63,12 +71,14 @@ class Batch:
 
 
 def make_batch(records: list[dict], config: TrainConfig, gamma: int, rng: random.Random) -> Batch:
-    """Pad a few distilled sequences together and sample stream positions in their answers."""
+    """Pad a few distilled sequences together and sample stream positions in their answers
+    (and, with `config.prompt_positions_per_sequence`, in their prompts)."""
     L = max(len(r["tokens"]) for r in records)
     B, dim = len(records), records[0]["split_hidden"].shape[-1]
     hidden = torch.zeros(B, L, dim, dtype=records[0]["split_hidden"].dtype)
     tokens = torch.full((B, L), IGNORE, dtype=torch.long)
-    n = config.positions_per_sequence
+    n_answer, n_prompt = config.positions_per_sequence, config.prompt_positions_per_sequence
+    n = n_answer + n_prompt
     positions = torch.zeros(B, n, dtype=torch.long)
     targets = torch.full((B, n, gamma), IGNORE, dtype=torch.long)
     for b, r in enumerate(records):
@@ -76,8 +86,12 @@ def make_batch(records: list[dict], config: TrainConfig, gamma: int, rng: random
         tokens[b, : len(seq)] = seq
         hidden[b, : len(states)] = states
         # Stream j at t predicts t+1+j: from the last prompt token to where stream 1 has a label.
-        candidates = list(range(r["prompt_length"] - 1, len(seq) - 2))
-        chosen = sorted(rng.sample(candidates, min(n, len(candidates))))
+        answer = range(r["prompt_length"] - 1, len(seq) - 2)
+        prompt = range(0, min(r["prompt_length"] - 1, len(seq) - 2))
+        chosen = sorted(
+            rng.sample(answer, min(n_answer, len(answer)))
+            + rng.sample(prompt, min(n_prompt, len(prompt)))
+        )
         for i, t in enumerate(chosen):
             positions[b, i] = t
             for j in range(gamma):
@@ -303,7 +317,9 @@ def held_out_top1(
     for start in range(0, len(records), config.batch_sequences):
         chunk = records[start : start + config.batch_sequences]
         longest = max(len(r["tokens"]) for r in chunk)  # more positions than any answer has
-        every_position = replace(config, positions_per_sequence=longest)
+        every_position = replace(
+            config, positions_per_sequence=longest, prompt_positions_per_sequence=0
+        )
         batch = make_batch(chunk, every_position, depth, random.Random(0))
         _, batch_hits, batch_labelled = call(objective, batch)
         hits += batch_hits

@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import json
 import os
+import random
 import subprocess
 import sys
 from pathlib import Path
@@ -17,7 +18,7 @@ from edgestream.llm.distill import distill, load_shards
 from edgestream.llm.loading import load_language_model
 from edgestream.llm.msa import SpeculativeStreams, StreamConfig
 from edgestream.llm.tasks import TaskPrompt
-from edgestream.llm.train import TrainConfig, hold_out, train_streams
+from edgestream.llm.train import IGNORE, TrainConfig, hold_out, make_batch, train_streams
 from tests.conftest import TINY_CORPUS
 
 STREAMS = StreamConfig(n_streams=2, n_stream_layers=1, adapter_rank=4, draft_vocab_size=64)
@@ -71,6 +72,42 @@ def test_streams_learn(tiny_model_dir: Path, records: list[dict], tmp_path: Path
     assert log[-1][2][0] > log[0][2][0]  # stream-1 top-1 accuracy rose on training batches
     assert len(trained) == STREAMS.n_streams
     assert trained[0] > untrained[0]  # and on sequences it never trained on
+
+
+def _trained_positions(records: list[dict], config: TrainConfig) -> list[tuple[int, int]]:
+    """(sequence, position) of every labelled stream position of one batch, its targets checked."""
+    gamma = 2
+    batch = make_batch(records, config, gamma, random.Random(0))
+    chosen = []
+    for b, r in enumerate(records):
+        seq = r["tokens"]
+        for i, t in enumerate(batch.positions[b].tolist()):
+            labels = batch.targets[b, i]
+            if (labels == IGNORE).all():
+                continue  # padding
+            chosen.append((b, t))
+            for j in range(gamma):  # stream j at t predicts token t + 1 + j (t + 2 + j, 0-based)
+                expected = seq[t + 2 + j] if t + 2 + j < len(seq) else IGNORE
+                assert labels[j] == expected
+    return chosen
+
+
+def test_prompt_positions_train_on_the_prompt_text_only_when_asked(records: list[dict]) -> None:
+    chunk = records[:4]
+    answers_only = TrainConfig(batch_sequences=4, positions_per_sequence=3)
+    for b, t in _trained_positions(chunk, answers_only):
+        assert t >= chunk[b]["prompt_length"] - 1
+    with_prompts = TrainConfig(
+        batch_sequences=4, positions_per_sequence=3, prompt_positions_per_sequence=2
+    )
+    chosen = _trained_positions(chunk, with_prompts)
+    for b, r in enumerate(chunk):
+        mine = [t for c, t in chosen if c == b]
+        in_prompt = [t for t in mine if t < r["prompt_length"] - 1]
+        assert len(in_prompt) == min(2, r["prompt_length"] - 1)
+        assert len(mine) - len(in_prompt) == min(3, len(r["tokens"]) - r["prompt_length"] - 1)
+    with pytest.raises(ValueError, match="prompt_positions_per_sequence"):
+        TrainConfig(prompt_positions_per_sequence=-1)
 
 
 def test_held_out_sequences_do_not_depend_on_order(records: list[dict]) -> None:
