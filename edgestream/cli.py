@@ -1237,7 +1237,10 @@ def asr_lm_command(
 @train_app.command("asr")
 @user_errors
 def train_asr_command(
-    manifest: Annotated[Path, typer.Option(help="Training manifest (JSON Lines).")],
+    manifest: Annotated[
+        list[Path],
+        typer.Option(help="Training manifest (JSON Lines); repeat it to train on several."),
+    ],
     dev: Annotated[Path, typer.Option(help="Dev manifest: WER after every epoch.")],
     out: Annotated[Path, typer.Option(help="Run folder (resumed if it holds a checkpoint).")],
     config: Annotated[
@@ -1259,7 +1262,7 @@ def train_asr_command(
     from edgestream.asr.train import TrainConfig, train_asr
     from edgestream.training import distributed_context
 
-    for path in (manifest, dev):
+    for path in (*manifest, dev):
         if not path.is_file():
             raise FileNotFoundError(f"expected a manifest at {path}, found none")
     settings = json.loads(config.read_text("utf-8")) if config is not None else {}

@@ -29,7 +29,7 @@ import json
 import math
 import os
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
@@ -98,19 +98,28 @@ class TrainConfig:
 
 
 class FeatureStore:
-    """A manifest's fbank frames in one float16 array, with texts, groups and offsets.
+    """The fbank frames of one manifest's utterances, or of several manifests' one after the
+    other, in one float16 array, with texts, groups and offsets.
 
-    Built once (atomically: temporary files renamed) in `cache_dir`, keyed by the manifest's
+    Built once (atomically: temporary files renamed) in `cache_dir`, keyed by the manifests'
     content, so an edited manifest is recomputed rather than read stale.
     """
 
-    def __init__(self, manifest: str | Path, cache_dir: str | Path) -> None:
-        manifest = Path(manifest)
-        digest = hashlib.blake2b(manifest.read_bytes(), digest_size=8).hexdigest()
-        stem = Path(cache_dir) / f"{manifest.stem}-{digest}"
+    def __init__(self, manifests: str | Path | Sequence[str | Path], cache_dir: str | Path) -> None:
+        if isinstance(manifests, str | Path):
+            manifests = [manifests]
+        paths = [Path(m) for m in manifests]
+        if not paths:
+            raise ValueError("expected at least one manifest")
+        digest = hashlib.blake2b(digest_size=8)
+        for path in paths:  # one manifest keys as its bytes alone, as before several were allowed
+            if len(paths) > 1:
+                digest.update(str(path.resolve()).encode() + b"\0")
+            digest.update(path.read_bytes())
+        stem = Path(cache_dir) / f"{'+'.join(p.stem for p in paths)}-{digest.hexdigest()}"
         frames_path, index_path = stem.with_suffix(".f16.npy"), stem.with_suffix(".json")
         if not index_path.exists():
-            _build(manifest, frames_path, index_path)
+            _build(paths, frames_path, index_path)
         index = json.loads(index_path.read_text("utf-8"))
         self.frames = np.load(frames_path, mmap_mode="r")
         self.offsets: list[int] = index["offsets"]
@@ -125,9 +134,9 @@ class FeatureStore:
         return np.asarray(self.frames[self.offsets[i] : self.offsets[i] + self.lengths[i]])
 
 
-def _build(manifest: Path, frames_path: Path, index_path: Path) -> None:
-    entries = read_manifest(manifest)
-    matrices = [compute_fbank(load_audio(manifest.parent / e.audio)) for e in entries]
+def _build(manifests: Sequence[Path], frames_path: Path, index_path: Path) -> None:
+    entries = [(m.parent / e.audio, e) for m in manifests for e in read_manifest(m)]
+    matrices = [compute_fbank(load_audio(audio)) for audio, _ in entries]
     lengths = [len(m) for m in matrices]
     offsets = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(int).tolist()
     frames_path.parent.mkdir(parents=True, exist_ok=True)
@@ -137,8 +146,8 @@ def _build(manifest: Path, frames_path: Path, index_path: Path) -> None:
     index = {
         "offsets": offsets,
         "lengths": lengths,
-        "texts": [e.text for e in entries],
-        "groups": [e.group or "all" for e in entries],
+        "texts": [e.text for _, e in entries],
+        "groups": [e.group or "all" for _, e in entries],
     }
     temporary = index_path.with_name(f".{index_path.name}.tmp")
     temporary.write_text(json.dumps(index), "utf-8")
@@ -340,7 +349,7 @@ def average_epoch_weights(out_dir: Path, epochs: list[int]) -> dict[str, Tensor]
 
 
 def train_asr(
-    train_manifest: Path,
+    train_manifest: Path | Sequence[Path],
     dev_manifest: Path,
     out_dir: Path,
     model_config: ConformerConfig = ConformerConfig(),
@@ -349,6 +358,8 @@ def train_asr(
     init: Path | None = None,
 ) -> Path:
     """Train (or resume) into out_dir; returns the final model file (out_dir/model.safetensors).
+
+    `train_manifest`: one manifest or several, whose utterances train together.
 
     `init`: a model file to start from (its weights, CMVN, vocabulary and shape), to continue
     training a released model or fine-tune it on new data; ignored once out_dir holds a

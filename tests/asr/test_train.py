@@ -16,8 +16,15 @@ import torch
 from safetensors.torch import load_file
 
 from edgestream.asr.features import compute_fbank
+from edgestream.asr.manifest import read_manifest, write_manifest
 from edgestream.asr.model_io import load_model
-from edgestream.asr.train import TrainConfig, length_batches, pad_with_silence, train_asr
+from edgestream.asr.train import (
+    FeatureStore,
+    TrainConfig,
+    length_batches,
+    pad_with_silence,
+    train_asr,
+)
 
 from .conftest import TINY
 
@@ -52,6 +59,29 @@ def test_silence_padding_keeps_the_utterance_and_adds_quiet_frames_around_it() -
         added.append(extra)
     assert 70 < padded_count < 130  # about half, as configured
     assert max(added) > 100  # both sides are used
+
+
+def test_several_manifests_train_as_their_utterances_one_after_the_other(
+    tiny_corpus: Path, tmp_path: Path
+) -> None:
+    entries = read_manifest(tiny_corpus / "train.jsonl")
+    half = len(entries) // 2
+    # Each manifest's audio paths are relative to its own folder, and the folders differ.
+    (tmp_path / "corpus").symlink_to(tiny_corpus)
+    (tmp_path / "elsewhere").mkdir()
+    first, second = tmp_path / "first.jsonl", tmp_path / "elsewhere" / "second.jsonl"
+    write_manifest(first, [replace(e, audio=f"corpus/{e.audio}") for e in entries[:half]])
+    moved = [replace(e, audio=f"../corpus/{e.audio}") for e in entries[half:]]
+    write_manifest(second, moved)
+    whole = FeatureStore(tiny_corpus / "train.jsonl", tmp_path / "cache")
+    both = FeatureStore([first, second], tmp_path / "cache")
+    assert len(both) == len(whole) == len(entries)
+    assert both.texts == whole.texts and both.groups == whole.groups
+    for i in range(len(whole)):
+        np.testing.assert_array_equal(both.features(i), whole.features(i))
+    # The cache is keyed by every manifest: another second manifest makes another store.
+    write_manifest(second, moved[:-1])
+    assert len(FeatureStore([first, second], tmp_path / "cache")) == len(entries) - 1
 
 
 def test_training_lowers_the_loss_resumes_and_writes_a_loadable_model(
@@ -255,6 +285,11 @@ def test_cli_refuses_bad_training_input(tiny_corpus: Path, tmp_path: Path) -> No
     dev = tiny_corpus / "dev.jsonl"
     missing = runner.invoke(app, _train_command(tmp_path / "no.jsonl", dev, tmp_path))
     assert missing.exit_code == 2 and "manifest" in missing.output
+    train = str(tiny_corpus / "train.jsonl")
+    second_missing = runner.invoke(
+        app, [*_train_command(train, dev, tmp_path), "--manifest", str(tmp_path / "two.jsonl")]
+    )
+    assert second_missing.exit_code == 2 and "two.jsonl" in second_missing.output
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps({"optimizer": {}}))
     unknown = runner.invoke(
