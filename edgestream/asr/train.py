@@ -1,7 +1,8 @@
 """Training recipe for the streaming Conformer-CTC: cached features, SpecAugment, dynamic chunks.
 
-- Features: every manifest's fbank frames are computed once into one float16 array per
-  manifest (`FeatureStore`), next to the checkpoint; an epoch then only reads memory.
+- Features: the manifests' fbank frames are computed once into one float16 array on disk
+  (`FeatureStore`), next to the checkpoint, an utterance at a time (flat memory however large
+  the corpus); an epoch then reads it memory-mapped.
 - Batches: utterances sorted by length and cut into batches of at most `max_frames` padded
   fbank frames, shuffled per epoch and dealt round-robin to the ranks; the first
   `curriculum_epochs` run them short to long, with full context and no SpecAugment, which gets
@@ -29,6 +30,7 @@ import json
 import math
 import os
 import random
+import shutil
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -135,14 +137,26 @@ class FeatureStore:
 
 
 def _build(manifests: Sequence[Path], frames_path: Path, index_path: Path) -> None:
+    """Frames are written to disk as each utterance is computed, so building a store takes
+    memory for one utterance, not for the corpus (56 h of audio is 3.2 GB of float16)."""
     entries = [(m.parent / e.audio, e) for m in manifests for e in read_manifest(m)]
-    matrices = [compute_fbank(load_audio(audio)) for audio, _ in entries]
-    lengths = [len(m) for m in matrices]
-    offsets = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(int).tolist()
     frames_path.parent.mkdir(parents=True, exist_ok=True)
+    raw = frames_path.with_name(f".{frames_path.stem}.tmp.raw")
+    lengths: list[int] = []
+    with raw.open("wb") as out:
+        for audio, _ in entries:
+            matrix = compute_fbank(load_audio(audio)).astype(np.float16)
+            lengths.append(len(matrix))
+            out.write(matrix.tobytes())
     temporary = frames_path.with_name(f".{frames_path.stem}.tmp.npy")
-    np.save(temporary, np.concatenate(matrices).astype(np.float16))
+    shape = (sum(lengths), NUM_MEL_BINS)
+    header = {"descr": np.dtype(np.float16).str, "fortran_order": False, "shape": shape}
+    with temporary.open("wb") as out, raw.open("rb") as frames:
+        np.lib.format.write_array_header_1_0(out, header)
+        shutil.copyfileobj(frames, out, 1 << 24)
+    raw.unlink()
     os.replace(temporary, frames_path)
+    offsets = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(int).tolist()
     index = {
         "offsets": offsets,
         "lengths": lengths,

@@ -15,7 +15,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from edgestream.asr.features import compute_fbank
+from edgestream.asr.features import compute_fbank, load_audio
 from edgestream.asr.manifest import read_manifest, write_manifest
 from edgestream.asr.model_io import load_model
 from edgestream.asr.train import (
@@ -79,6 +79,8 @@ def test_several_manifests_train_as_their_utterances_one_after_the_other(
     assert both.texts == whole.texts and both.groups == whole.groups
     for i in range(len(whole)):
         np.testing.assert_array_equal(both.features(i), whole.features(i))
+        direct = compute_fbank(load_audio(tiny_corpus / entries[i].audio)).astype(np.float16)
+        np.testing.assert_array_equal(whole.features(i), direct)
     # The cache is keyed by every manifest: another second manifest makes another store.
     write_manifest(second, moved[:-1])
     assert len(FeatureStore([first, second], tmp_path / "cache")) == len(entries) - 1
