@@ -24,6 +24,7 @@
 
 from __future__ import annotations
 
+import copy
 import functools
 import hashlib
 import json
@@ -86,13 +87,16 @@ class TrainConfig:
     # scratch, the init model's own with `init` (another one there swaps in a fresh CTC head)
     vocabulary: str | None = None
     average_epochs: int = 1  # the released model averages the last N epochs' weights
+    # With an init model: insert this many near-identity Conformer blocks, spread evenly
+    # (`deepened`), to add capacity without starting over.
+    grow_layers: int = 0
     seed: int = 0
 
     def __post_init__(self) -> None:
         if self.epochs < 1 or self.max_frames < 100 or self.lr <= 0:
             raise ValueError("expected epochs >= 1, max_frames >= 100 and lr > 0")
-        if self.average_epochs < 1:
-            raise ValueError("expected average_epochs >= 1")
+        if self.average_epochs < 1 or self.grow_layers < 0:
+            raise ValueError("expected average_epochs >= 1 and grow_layers >= 0")
         if not 0 <= self.min_lead_silence_frames <= self.max_lead_silence_frames:
             raise ValueError("expected 0 <= min_lead_silence_frames <= max_lead_silence_frames")
         if self.max_lead_silence_frames + self.max_trail_silence_frames > 300:
@@ -362,6 +366,42 @@ def average_epoch_weights(out_dir: Path, epochs: list[int]) -> dict[str, Tensor]
     return {name: (value / len(epochs)).float() for name, value in total.items()}
 
 
+def deepened(model: ConformerCTC, extra: int) -> ConformerCTC:
+    """`model` with `extra` blocks inserted, spread evenly, each one nearly an identity.
+
+    A new block copies the block before it with its four residual branches' output
+    projections zeroed, so it adds nothing, and its final LayerNorm reset to unit scale and
+    no shift, so it only normalises. The blocks after it see the same pre-normalised inputs
+    (LayerNorm ignores a per-frame scale and shift); only the residual path's scale changes.
+    Measured on the run-6 model (dev, 150 utterances, greedy): 8 -> 12 blocks 20.1 -> 20.5%
+    WER before any training, 8 -> 16 blocks 22.5%; copying the final norm instead: 26.3, 40.4%.
+    """
+    count = model.config.num_layers
+    after = [-(-count * (k + 1) // extra) - 1 for k in range(extra)]  # insert after these
+    blocks: list[nn.Module] = []
+    for i, block in enumerate(model.blocks):
+        blocks.append(block)
+        for _ in range(after.count(i)):
+            new = copy.deepcopy(block)
+            for branch in (
+                new.ff_first.down,
+                new.attention.out,
+                new.conv.pointwise_out,
+                new.ff_last.down,
+            ):
+                nn.init.zeros_(branch.weight)
+                nn.init.zeros_(branch.bias)
+            nn.init.ones_(new.norm.weight)
+            nn.init.zeros_(new.norm.bias)
+            blocks.append(new)
+    grown = ConformerCTC(replace(model.config, num_layers=count + extra))
+    grown.load_state_dict(
+        {k: v for k, v in model.state_dict().items() if not k.startswith("blocks.")}, strict=False
+    )
+    grown.blocks = nn.ModuleList(copy.deepcopy(b) for b in blocks)
+    return grown
+
+
 def train_asr(
     train_manifest: Path | Sequence[Path],
     dev_manifest: Path,
@@ -384,8 +424,12 @@ def train_asr(
     lr) and per epoch (epoch, dev_wer) on rank 0.
     """
     start = load_model(init) if init is not None else None
+    if config.grow_layers and start is None:
+        raise ValueError("grow_layers deepens an init model: give one")
     vocabulary_kind, new_head = config.vocabulary or "char", False
     if start is not None:  # its shape (and vocabulary, unless another is named) win
+        if config.grow_layers:
+            start = replace(start, model=deepened(start.model, config.grow_layers))
         model_config = start.model.config
         kind = start.vocabulary.to_metadata()["vocabulary"]
         own = "char" if kind == "char" else f"bpe-{len(start.vocabulary) - 1}"

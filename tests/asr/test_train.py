@@ -13,14 +13,18 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 from safetensors.torch import load_file
+from torch import nn
 
+from edgestream.asr.conformer import ConformerCTC
 from edgestream.asr.features import compute_fbank, load_audio
 from edgestream.asr.manifest import read_manifest, write_manifest
 from edgestream.asr.model_io import load_model
 from edgestream.asr.train import (
     FeatureStore,
     TrainConfig,
+    deepened,
     length_batches,
     pad_with_silence,
     train_asr,
@@ -298,3 +302,55 @@ def test_cli_refuses_bad_training_input(tiny_corpus: Path, tmp_path: Path) -> No
         app, _train_command(tiny_corpus / "train.jsonl", dev, tmp_path, "--config", str(bad))
     )
     assert unknown.exit_code == 2 and "unknown sections" in unknown.output
+
+
+@pytest.mark.parametrize("extra", [1, 2, 3, 5])
+def test_deepened_spreads_near_identity_blocks_between_the_originals(extra: int) -> None:
+    torch.manual_seed(0)
+    model = ConformerCTC(replace(TINY, num_layers=2)).eval()
+    for block in model.blocks:  # as trained: a block's final norm scales and shifts
+        nn.init.normal_(block.norm.weight, 1.0, 0.3)
+        nn.init.normal_(block.norm.bias, 0.0, 0.3)
+    grown = deepened(model, extra).eval()
+    assert grown.config.num_layers == len(grown.blocks) == 2 + extra
+    originals = [grown.blocks[i] for i in range(len(grown.blocks)) if _is_copy_of_a(grown, i)]
+    assert len(originals) == 2
+    first_new = 1 if extra >= 2 else 2  # evenly: at least one after block 0 when there are 2+
+    new = grown.blocks[first_new]
+    assert not _is_copy_of_a(grown, first_new)
+    x = torch.randn(1, 7, TINY.d_model) * 3 + 1
+    cache = grown.empty_cache()[first_new]
+    rope = grown._rope(0, 7)
+    mask = torch.ones(1, 1, 7, 7, dtype=torch.bool)
+    out, _ = new(x, rope, mask, cache)
+    torch.testing.assert_close(out, F.layer_norm(x, (TINY.d_model,)))  # it only normalises
+    for name, value in model.state_dict().items():  # the subsampling and head carry over
+        if not name.startswith("blocks."):
+            torch.testing.assert_close(grown.state_dict()[name], value)
+    assert model.config.num_layers == 2  # the model given is left alone
+
+
+def _is_copy_of_a(grown: ConformerCTC, i: int) -> bool:
+    """Whether block i still has its branches (an original) rather than zeroed ones (new)."""
+    return bool(grown.blocks[i].ff_first.down.weight.abs().sum() > 0)
+
+
+def test_training_can_deepen_its_init_model_and_resume(tiny_corpus: Path, tmp_path: Path) -> None:
+    manifests = (tiny_corpus / "train.jsonl", tiny_corpus / "dev.jsonl")
+    first = train_asr(*manifests, tmp_path / "a", TINY, FAST)
+    with pytest.raises(ValueError, match="grow_layers"):
+        train_asr(*manifests, tmp_path / "x", TINY, replace(FAST, grow_layers=2))
+    config = replace(FAST, epochs=1, curriculum_epochs=0, lr=1e-12, warmup_steps=1, grow_layers=2)
+    grown = load_model(train_asr(*manifests, tmp_path / "b", TINY, config, init=first))
+    before = load_model(first).model.state_dict()
+    after = grown.model.state_dict()
+    assert grown.model.config == replace(TINY, num_layers=4)
+    # Blocks 0 and 1 went to 0 and 2 (one new block after each), untouched at lr 1e-12.
+    for name, value in before.items():
+        moved = name.replace("blocks.1.", "blocks.2.")
+        torch.testing.assert_close(after[moved], value, rtol=0, atol=1e-6)
+    assert after["blocks.1.ff_first.down.weight"].abs().max() < 1e-6
+    # The checkpoint holds the deepened shape, so a longer schedule resumes from it.
+    longer = replace(config, epochs=2)
+    resumed = load_model(train_asr(*manifests, tmp_path / "b", TINY, longer, init=first))
+    assert resumed.model.config.num_layers == 4
