@@ -380,7 +380,7 @@ def deepened(model: ConformerCTC, extra: int) -> ConformerCTC:
     after = [-(-count * (k + 1) // extra) - 1 for k in range(extra)]  # insert after these
     blocks: list[nn.Module] = []
     for i, block in enumerate(model.blocks):
-        blocks.append(block)
+        blocks.append(copy.deepcopy(block))  # the model given is left as it was
         for _ in range(after.count(i)):
             new = copy.deepcopy(block)
             for branch in (
@@ -398,7 +398,7 @@ def deepened(model: ConformerCTC, extra: int) -> ConformerCTC:
     grown.load_state_dict(
         {k: v for k, v in model.state_dict().items() if not k.startswith("blocks.")}, strict=False
     )
-    grown.blocks = nn.ModuleList(copy.deepcopy(b) for b in blocks)
+    grown.blocks = nn.ModuleList(blocks)
     return grown
 
 
