@@ -16,7 +16,7 @@ from edgestream.asr.model_io import load_model
 from edgestream.asr.streaming import StreamingOptions
 from edgestream.asr.transcribe import transcribe_file, transcribe_samples
 from edgestream.bench.asr import normalize_text
-from edgestream.cli import app
+from edgestream.cli import LM_BEAM, app
 
 runner = CliRunner()
 
@@ -107,7 +107,7 @@ def test_cli_language_model_choices(random_model: Path, tiny_corpus: Path, tmp_p
     assert text("--lm", "none") == text("--beam", "0") == greedy
     lm_file = tmp_path / "lm.arpa"
     write_arpa(train_ngram(["the cat sat on the mat", "a dog ran"]), lm_file)
-    with_lm = StreamingOptions(beam=16, lm=load_lm(lm_file))
+    with_lm = StreamingOptions(beam=LM_BEAM, lm=load_lm(lm_file))
     expected = transcribe_file(asr, _first_audio(tiny_corpus), with_lm).text
     assert text("--lm", str(lm_file)) == expected
 

@@ -14,7 +14,7 @@ from edgestream.asr.lm import load_lm
 from edgestream.asr.streaming import StreamingOptions
 from edgestream.asr.transcribe import transcribe_file
 from edgestream.assist.pipeline import Assistant, AssistantConfig
-from edgestream.cli import app
+from edgestream.cli import LM_BEAM, app
 from tests.conftest import needs_smollm2
 
 runner = CliRunner()
@@ -62,7 +62,8 @@ def test_assist_json_reports_transcript_answer_and_speed(
     assert result.exit_code == 0, result.output
     record = json.loads(result.stdout)
     # The CLI decodes with the bundled word LM: "france", where greedy hears "fronce".
-    heard = transcribe_file(assistant.asr, clip, StreamingOptions(beam=16, lm=load_lm("default")))
+    with_lm = StreamingOptions(beam=LM_BEAM, lm=load_lm("default"))
+    heard = transcribe_file(assistant.asr, clip, with_lm)
     assert record["transcript"]["text"] == heard.text != ""
     heard = heard.text
     assert record["transcript"]["rtf"] > 0 and record["transcript"]["duration"] > 0
