@@ -1177,14 +1177,19 @@ def asr_synth_command(
     data: Annotated[Path | None, typer.Option(help="Shared data folder (sentence source).")] = None,
     seed: Annotated[int, typer.Option(help="Random seed (the corpus is deterministic).")] = 0,
     workers: Annotated[int, typer.Option(help="Parallel synthesis processes.")] = 2,
+    piper_fraction: Annotated[
+        float | None,
+        typer.Option(help="Share of train and dev hours spoken by piper [default: 0.25]."),
+    ] = None,
 ) -> None:
     """Synthesise a speech corpus (16 kHz WAV + JSON Lines manifests) from TTS voices."""
     from rich.progress import Progress
 
-    from edgestream.asr.synth import synthesize_corpus
+    from edgestream.asr.synth import SynthConfig, synthesize_corpus
 
     if hours <= 0:
         raise ValueError(f"--hours must be positive, got {hours}")
+    config = SynthConfig() if piper_fraction is None else SynthConfig(piper_fraction=piper_fraction)
     with Progress(console=stderr) as bar:
         task = bar.add_task("synthesising", total=None)
         summary = synthesize_corpus(
@@ -1193,6 +1198,7 @@ def asr_synth_command(
             data,
             seed,
             workers,
+            config,
             progress=lambda done, total: bar.update(task, completed=done, total=total),
         )
     for split, groups in summary.seconds.items():

@@ -106,7 +106,12 @@ def test_python_dash_m_reports_errors_without_traceback() -> None:
 
 
 @pytest.mark.parametrize(
-    "args", [["bench", "generate", "--repeats", "0"], ["bench", "generate", "--dtypes", "int4"]]
+    "args",
+    [
+        ["bench", "generate", "--repeats", "0"],
+        ["bench", "generate", "--dtypes", "int4"],
+        ["asr", "synth", "--out", "unused", "--piper-fraction", "1.5"],
+    ],
 )
 def test_bench_refuses_bad_options(args: list[str]) -> None:
     result = runner.invoke(app, args)

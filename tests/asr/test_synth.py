@@ -14,7 +14,14 @@ import soundfile as sf
 
 from edgestream.asr.augment import Augment, augment_speech, colored_noise, room_impulse_response
 from edgestream.asr.manifest import read_manifest
-from edgestream.asr.synth import GROUPS, SAMPLE_RATE, SynthConfig, plan_corpus, synthesize_corpus
+from edgestream.asr.synth import (
+    GROUPS,
+    SAMPLE_RATE,
+    SynthConfig,
+    estimated_seconds,
+    plan_corpus,
+    synthesize_corpus,
+)
 from edgestream.asr.text import SentenceSplits
 from edgestream.asr.voices import (
     Espeak,
@@ -85,6 +92,22 @@ def test_more_hours_extend_the_held_out_plan_and_piper_can_be_left_out() -> None
         assert few and few == many[: len(few)] and len(many) > len(few)
     espeak_only = plan_corpus(SENTENCES, 0.02, seed=0, config=SynthConfig(piper_fraction=0.0))
     assert {u.group for u in espeak_only} == {"espeak-seen", "espeak-unseen"}
+
+
+def test_piper_fraction_sets_the_training_share_and_leaves_the_test_set_alone() -> None:
+    def piper_share(plan: list) -> float:
+        train = [u for u in plan if u.split == "train"]
+        piper = sum(estimated_seconds(u) for u in train if u.group == "piper")
+        return piper / sum(estimated_seconds(u) for u in train)
+
+    default = plan_corpus(SENTENCES, 0.5, seed=3)
+    more_piper = plan_corpus(SENTENCES, 0.5, seed=3, config=SynthConfig(piper_fraction=0.5))
+    assert piper_share(default) == pytest.approx(0.25, abs=0.05)
+    assert piper_share(more_piper) == pytest.approx(0.5, abs=0.05)
+    # Corpora with other shares still share one held-out test set, so their results compare.
+    assert [u for u in default if u.split == "test"] == [
+        u for u in more_piper if u.split == "test"
+    ]
 
 
 @needs_espeak
