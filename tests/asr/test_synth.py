@@ -18,6 +18,7 @@ from edgestream.asr.synth import (
     GROUPS,
     SAMPLE_RATE,
     SynthConfig,
+    Utterance,
     estimated_seconds,
     plan_corpus,
     synthesize_corpus,
@@ -95,7 +96,7 @@ def test_more_hours_extend_the_held_out_plan_and_piper_can_be_left_out() -> None
 
 
 def test_piper_fraction_sets_the_training_share_and_leaves_the_test_set_alone() -> None:
-    def piper_share(plan: list) -> float:
+    def piper_share(plan: list[Utterance]) -> float:
         train = [u for u in plan if u.split == "train"]
         piper = sum(estimated_seconds(u) for u in train if u.group == "piper")
         return piper / sum(estimated_seconds(u) for u in train)
