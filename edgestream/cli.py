@@ -1181,6 +1181,13 @@ def asr_synth_command(
         float | None,
         typer.Option(help="Share of train and dev hours spoken by piper [default: 0.25]."),
     ] = None,
+    flite_fraction: Annotated[
+        float,
+        typer.Option(
+            help="Share of train and dev hours spoken by CMU Flite voices (needs the flite "
+            "command); above 0 the test set gains Flite groups."
+        ),
+    ] = 0.0,
 ) -> None:
     """Synthesise a speech corpus (16 kHz WAV + JSON Lines manifests) from TTS voices."""
     from rich.progress import Progress
@@ -1189,7 +1196,10 @@ def asr_synth_command(
 
     if hours <= 0:
         raise ValueError(f"--hours must be positive, got {hours}")
-    config = SynthConfig() if piper_fraction is None else SynthConfig(piper_fraction=piper_fraction)
+    shares = {"flite_fraction": flite_fraction}
+    if piper_fraction is not None:
+        shares["piper_fraction"] = piper_fraction
+    config = SynthConfig(**shares)
     with Progress(console=stderr) as bar:
         task = bar.add_task("synthesising", total=None)
         summary = synthesize_corpus(

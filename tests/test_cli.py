@@ -111,6 +111,7 @@ def test_python_dash_m_reports_errors_without_traceback() -> None:
         ["bench", "generate", "--repeats", "0"],
         ["bench", "generate", "--dtypes", "int4"],
         ["asr", "synth", "--out", "unused", "--piper-fraction", "1.5"],
+        ["asr", "synth", "--out", "unused", "--flite-fraction", "0.9"],
     ],
 )
 def test_bench_refuses_bad_options(args: list[str]) -> None:

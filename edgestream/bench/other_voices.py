@@ -1,0 +1,103 @@
+"""A robustness probe: held-out sentences spoken by synthesisers the corpus may not train on.
+
+The synthetic test set measures voices of the engines the model trained on (eSpeak NG, piper,
+and Flite when a corpus has a Flite share). A user's speech comes from elsewhere, so this writes
+a second test set from the system's CMU Flite voices (`flite`) and Festival voices
+(`text2wave`), clean (no noise or reverberation), at each engine's own sample rate:
+
+    python -m edgestream.bench.other_voices --manifest runs/asr/corpus20/test.jsonl \\
+        --out runs/asr/other-voices --limit 120
+    edgestream bench asr --manifest runs/asr/other-voices/test.jsonl
+
+Groups are `flite-<voice>` and `festival-<voice>`; sentences are dealt to voices in turn.
+Engines that are not installed are left out with a note (Debian/Ubuntu: `apt install flite
+festival festvox-kdlpc16k festvox-us-slt-hts`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import soundfile as sf
+
+FLITE_VOICES = ("kal16", "awb", "rms", "slt")
+FESTIVAL_VOICES = ("ked_diphone", "cmu_us_slt_arctic_hts")
+
+
+@dataclass(frozen=True)
+class Voice:
+    engine: str  # "flite" or "festival"
+    name: str
+
+    @property
+    def group(self) -> str:
+        return f"{self.engine}-{self.name}"
+
+    def speak(self, text: str, wav: Path) -> None:
+        if self.engine == "flite":
+            command = ["flite", "-voice", self.name, "-t", text, "-o", str(wav)]
+            subprocess.run(command, check=True, capture_output=True)
+        else:
+            command = ["text2wave", "-eval", f"(voice_{self.name})", "-o", str(wav)]
+            subprocess.run(command, input=text.encode(), check=True, capture_output=True)
+
+
+def available_voices() -> list[Voice]:
+    voices = []
+    if shutil.which("flite"):
+        voices += [Voice("flite", name) for name in FLITE_VOICES]
+    else:
+        print("note: flite missing, its voices left out", file=sys.stderr)
+    if shutil.which("text2wave"):
+        voices += [Voice("festival", name) for name in FESTIVAL_VOICES]
+    else:
+        print("note: festival (text2wave) missing, its voices left out", file=sys.stderr)
+    return voices
+
+
+def write_probe(manifest: Path, out: Path, limit: int, voices: list[Voice]) -> Path:
+    """Speak the first `limit` sentences of `manifest`, dealt to `voices` in turn; returns the
+    new manifest (`out/test.jsonl`, written last and atomically)."""
+    if not voices:
+        raise FileNotFoundError("no synthesiser found: install flite or festival")
+    texts = [json.loads(line)["text"] for line in manifest.read_text("utf-8").splitlines()]
+    out.mkdir(parents=True, exist_ok=True)
+    lines = []
+    for index, text in enumerate(texts[:limit]):
+        voice = voices[index % len(voices)]
+        wav = out / f"{index:04d}-{voice.group}.wav"
+        if not wav.exists():
+            temporary = wav.with_name(f".{wav.name}.tmp.wav")
+            voice.speak(text, temporary)
+            os.replace(temporary, wav)
+        entry = {"audio": wav.name, "text": text, "duration": round(sf.info(wav).duration, 4)}
+        lines.append(json.dumps({**entry, "group": voice.group}))
+    target = out / "test.jsonl"
+    temporary = target.with_name(".test.jsonl.tmp")
+    temporary.write_text("\n".join(lines) + "\n", "utf-8")
+    os.replace(temporary, target)
+    return target
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--manifest", type=Path, required=True, help="sentences to speak")
+    parser.add_argument("--out", type=Path, required=True, help="folder for audio + test.jsonl")
+    parser.add_argument("--limit", type=int, default=120, help="sentences to speak")
+    args = parser.parse_args()
+    try:
+        print(write_probe(args.manifest, args.out, args.limit, available_voices()))
+    except (OSError, ValueError, KeyError, subprocess.CalledProcessError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()
