@@ -187,7 +187,7 @@ class SynthConfig:
     flite_f0_stddev_hz: tuple[int, int] = (10, 40)
     flite_fraction: float = 0.0  # share of train and dev hours spoken by Flite
     dev_fraction: float = 0.02  # share of all hours for dev
-    test_fraction: float = 0.05  # share of all hours for test, a third per group
+    test_fraction: float = 0.05  # share of all hours for test, a third per group (+ Flite)
     babble_talkers: tuple[int, int] = (3, 6)  # eSpeak utterances summed into babble noise
     eval_seed: int = 20_240_611  # plans dev and test, so they do not depend on the seed
     train_augment: AugmentRanges = TRAIN_AUGMENT
