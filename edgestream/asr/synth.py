@@ -300,7 +300,7 @@ def estimated_seconds(utterance: Utterance) -> float:
     if isinstance(voice, EspeakVoice):
         spoken = len(utterance.text) / (_ESPEAK_CHARS_PER_S_PER_WPM * voice.rate_wpm)
     elif isinstance(voice, FliteVoice):
-        spoken = len(utterance.text) * voice.duration_stretch / _FLITE_CHARS_PER_S
+        spoken = len(utterance.text) * (voice.duration_stretch or 1.0) / _FLITE_CHARS_PER_S
     else:
         spoken = len(utterance.text) * voice.length_scale / _PIPER_CHARS_PER_S
     return spoken / augment.speed + augment.pad_start_s + augment.pad_end_s
@@ -470,17 +470,16 @@ def _describe(
     digest = hashlib.blake2b(digest_size=16)
     for split in SPLITS:
         digest.update("\n".join(splits.get(split)).encode() + b"\0")
+    settings = asdict(config)
+    if config.flite_fraction == 0:  # corpora made before Flite voices existed still resume
+        settings = {k: v for k, v in settings.items() if not k.startswith("flite_")}
     description = {
         "version": MANIFEST_VERSION,
         "hours": hours,
         "seed": seed,
         "sentences": digest.hexdigest(),
-        "config": asdict(config),
+        "config": settings,
     }
-    if config.flite_fraction == 0:  # corpora made before Flite voices existed still resume
-        description["config"] = {
-            k: v for k, v in asdict(config).items() if not k.startswith("flite_")
-        }
     return json.loads(json.dumps(description))
 
 

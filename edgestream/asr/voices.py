@@ -48,9 +48,10 @@ class PiperStyle:
 @dataclass(frozen=True)
 class FliteVoice:
     name: str  # a voice built into the flite command: kal16, awb, rms, slt, ...
-    duration_stretch: float  # >1 speaks slower
-    f0_mean_hz: int  # target pitch (the clustergen rms voice ignores it)
-    f0_stddev_hz: int  # intonation range
+    # Prosody; None keeps the voice's own setting.
+    duration_stretch: float | None = None  # >1 speaks slower
+    f0_mean_hz: int | None = None  # target pitch (the clustergen rms voice ignores it)
+    f0_stddev_hz: int | None = None  # intonation range
 
 
 def espeak_available() -> bool:
@@ -181,7 +182,12 @@ class Flite:
                 "int_f0_target_mean": voice.f0_mean_hz,
                 "int_f0_target_stddev": voice.f0_stddev_hz,
             }
-            options = [part for k, v in settings.items() for part in ("--setf", f"{k}={v}")]
+            options = [
+                part
+                for k, v in settings.items()
+                if v is not None
+                for part in ("--setf", f"{k}={v}")
+            ]
             subprocess.run(
                 [self._command, "-voice", voice.name, *options, "-t", text, "-o", str(wav)],
                 check=True,

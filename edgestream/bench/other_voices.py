@@ -17,6 +17,7 @@ festival festvox-kdlpc16k festvox-us-slt-hts`).
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import shutil
@@ -27,8 +28,15 @@ from pathlib import Path
 
 import soundfile as sf
 
+from edgestream.asr.voices import Flite, FliteVoice
+
 FLITE_VOICES = ("kal16", "awb", "rms", "slt")
 FESTIVAL_VOICES = ("ked_diphone", "cmu_us_slt_arctic_hts")
+
+
+@functools.cache
+def _flite() -> Flite:  # lists its voices once, not per sentence
+    return Flite()
 
 
 @dataclass(frozen=True)
@@ -41,9 +49,9 @@ class Voice:
         return f"{self.engine}-{self.name}"
 
     def speak(self, text: str, wav: Path) -> None:
-        if self.engine == "flite":
-            command = ["flite", "-voice", self.name, "-t", text, "-o", str(wav)]
-            subprocess.run(command, check=True, capture_output=True)
+        if self.engine == "flite":  # the voice's own prosody: nothing drawn
+            samples, rate = _flite().synthesize(text, FliteVoice(self.name))
+            sf.write(wav, samples, rate, subtype="PCM_16", format="WAV")
         else:
             command = ["text2wave", "-eval", f"(voice_{self.name})", "-o", str(wav)]
             subprocess.run(command, input=text.encode(), check=True, capture_output=True)
