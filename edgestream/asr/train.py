@@ -10,6 +10,8 @@
 - Dynamic chunk training (WeNet's U2): per batch, full context with probability
   `full_context_prob`, else a chunk of 1..`max_chunk` encoder frames and a random number of
   left chunks (or all), so one model serves every latency.
+- Vocal tract length perturbation (`warp_frequencies`, optional: `vtlp_prob`) stretches some
+  utterances' spectra, for voices no synthesiser in the corpus has.
 - SpecAugment (two frequency and two time masks, WeNet's sizes) on CMVN-normalised features,
   after noise-only frames are added around some utterances (`pad_with_silence`).
 - AdamW, linear warm-up then cosine decay; gradient clipping; checkpoints written atomically
@@ -46,7 +48,13 @@ from torch import Tensor, nn
 
 from edgestream.asr.conformer import ConformerConfig, ConformerCTC
 from edgestream.asr.decode import Vocabulary, ctc_greedy, make_vocabulary, vocabulary_from_metadata
-from edgestream.asr.features import NUM_MEL_BINS, GlobalCmvn, compute_fbank, load_audio
+from edgestream.asr.features import (
+    NUM_MEL_BINS,
+    SAMPLE_RATE,
+    GlobalCmvn,
+    compute_fbank,
+    load_audio,
+)
 from edgestream.asr.manifest import read_manifest
 from edgestream.asr.model_io import load_model, save_model
 from edgestream.training import distributed_context, save_atomic
@@ -80,6 +88,11 @@ class TrainConfig:
     # long, with full context and no SpecAugment. Measured here: without it CTC sat on its
     # all-blank plateau (loss 2.8 per token) for 700+ steps on the synthetic corpus.
     curriculum_epochs: int = 1
+    # VTLP (Jaitly & Hinton 2013): with this probability an utterance's spectrum is stretched by
+    # a factor drawn uniformly from 1 +- vtlp_max_warp. Why: a model trained on a handful of
+    # synthetic voices was 2x worse than pocketsphinx on voices outside them (docs/asr.md).
+    vtlp_prob: float = 0.0
+    vtlp_max_warp: float = 0.1
     eval_chunk: int = 16  # 640 ms
     eval_left_chunks: int = 4
     eval_utterances: int = 300
@@ -101,6 +114,8 @@ class TrainConfig:
             raise ValueError("expected 0 <= min_lead_silence_frames <= max_lead_silence_frames")
         if self.max_lead_silence_frames + self.max_trail_silence_frames > 300:
             raise ValueError("expected at most 300 frames (3 s) of added silence in all")
+        if not (0 <= self.vtlp_prob <= 1 and 0 <= self.vtlp_max_warp < 0.5):
+            raise ValueError("expected 0 <= vtlp_prob <= 1 and 0 <= vtlp_max_warp < 0.5")
 
 
 class FeatureStore:
@@ -201,6 +216,41 @@ def spec_augment(features: Tensor, config: TrainConfig, rng: random.Random) -> T
     return features
 
 
+def _mel(hz: np.ndarray | float) -> np.ndarray:
+    return 1127.0 * np.log1p(np.asarray(hz) / 700.0)
+
+
+@functools.cache
+def _mel_bin_centres_hz() -> np.ndarray:
+    """Centre frequencies of the fbank's mel bins (Kaldi's: 20 Hz to Nyquist)."""
+    points = np.linspace(_mel(20.0), _mel(SAMPLE_RATE / 2), NUM_MEL_BINS + 2)[1:-1]
+    return 700.0 * np.expm1(points / 1127.0)
+
+
+def warp_frequencies(frames: np.ndarray, alpha: float) -> np.ndarray:
+    """Log-mel frames (T, 80) of the same audio with its spectrum stretched by `alpha` (VTLP).
+
+    VTLP's piecewise-linear warp: frequencies below a boundary (4.8 kHz x min(alpha, 1) / alpha)
+    scale by alpha, the rest map linearly onto the band up to Nyquist, which stays fixed. Each
+    output bin reads the input at the frequency that lands on its centre, interpolated between
+    the two nearest bins: an approximation (the filters are triangles, not points) that needs
+    no audio, so cached features can be warped.
+    """
+    centres, nyquist = _mel_bin_centres_hz(), SAMPLE_RATE / 2
+    boundary = 4800.0 * min(alpha, 1.0) / alpha
+    low = centres <= alpha * boundary
+    source = np.where(
+        low,
+        centres / alpha,
+        nyquist - (nyquist - centres) * (nyquist - boundary) / (nyquist - alpha * boundary),
+    )
+    position = np.interp(source, centres, np.arange(NUM_MEL_BINS, dtype=np.float64))
+    left = np.floor(position).astype(int)
+    right = np.minimum(left + 1, NUM_MEL_BINS - 1)
+    weight = (position - left).astype(np.float32)
+    return frames[:, left] * (1 - weight) + frames[:, right] * weight
+
+
 @dataclass
 class Batch:
     features: Tensor  # (B, T, 80), CMVN-normalised
@@ -241,6 +291,9 @@ def make_batch(
     for i in indices:
         frames = store.features(i).astype(np.float32)
         if augment is not None:
+            if rng.random() < augment.vtlp_prob:
+                warp = augment.vtlp_max_warp
+                frames = warp_frequencies(frames, rng.uniform(1 - warp, 1 + warp))
             frames = pad_with_silence(frames, augment, rng)
         utterance = torch.from_numpy(cmvn.normalize(frames))
         if augment is not None:

@@ -28,6 +28,7 @@ from edgestream.asr.train import (
     length_batches,
     pad_with_silence,
     train_asr,
+    warp_frequencies,
 )
 
 from .conftest import TINY
@@ -63,6 +64,30 @@ def test_silence_padding_keeps_the_utterance_and_adds_quiet_frames_around_it() -
         added.append(extra)
     assert 70 < padded_count < 130  # about half, as configured
     assert max(added) > 100  # both sides are used
+
+
+def _tone_fbank(hz: float) -> np.ndarray:
+    t = np.arange(16_000) / 16_000
+    return compute_fbank((0.3 * np.sin(2 * np.pi * hz * t)).astype(np.float32))
+
+
+def test_frequency_warp_moves_a_tone_where_the_stretched_tone_would_be() -> None:
+    tone = _tone_fbank(1000.0)
+    assert np.array_equal(warp_frequencies(tone, 1.0), tone)
+    for alpha in (0.9, 1.1):
+        warped = warp_frequencies(tone, alpha).mean(axis=0)
+        expected = _tone_fbank(1000.0 * alpha).mean(axis=0)
+        assert abs(int(warped.argmax()) - int(expected.argmax())) <= 1
+        assert warped.argmax() != tone.mean(axis=0).argmax()  # it did move
+    high = _tone_fbank(7500.0)  # near Nyquist, which the warp keeps fixed
+    assert abs(int(warp_frequencies(high, 1.1).mean(0).argmax()) - int(high.mean(0).argmax())) <= 1
+
+
+def test_frequency_warp_settings_are_checked() -> None:
+    with pytest.raises(ValueError, match="vtlp"):
+        TrainConfig(vtlp_prob=1.5)
+    with pytest.raises(ValueError, match="vtlp"):
+        TrainConfig(vtlp_max_warp=0.6)
 
 
 def test_several_manifests_train_as_their_utterances_one_after_the_other(
