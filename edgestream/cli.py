@@ -1455,7 +1455,12 @@ def transcribe(
 @bench_app.command("asr")
 @user_errors
 def bench_asr_command(
-    manifest: Annotated[Path, typer.Option(help="JSON Lines: audio, text, optional group.")],
+    manifest: Annotated[
+        Path,
+        typer.Option(
+            help="JSON Lines: audio, text, optional group; `real-speech`: the bundled recordings."
+        ),
+    ],
     model: AsrModelName = "default",
     chunk_ms: ChunkMs = 640,
     left_chunks: LeftChunks = 4,

@@ -47,8 +47,15 @@ def normalize_text(text: str) -> str:
     return " ".join(re.sub(r"[^a-z0-9']+", " ", text.lower()).split())
 
 
+# Twelve recordings of human speech that ship with the package (see its README).
+REAL_SPEECH_MANIFEST = Path(__file__).parent / "real_speech" / "manifest.jsonl"
+
+
 def read_bench_manifest(path: Path, limit: int | None = None) -> list[Utterance]:
-    """JSON Lines of {"audio" (relative to the manifest), "text", optional "group"}."""
+    """JSON Lines of {"audio" (relative to the manifest), "text", optional "group"};
+    the name `real-speech` (where no such file exists) means the bundled recordings."""
+    if path == Path("real-speech") and not path.exists():
+        path = REAL_SPEECH_MANIFEST
     if not path.is_file():
         raise FileNotFoundError(f"expected a manifest at {path}, found none")
     utterances = []
