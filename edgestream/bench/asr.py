@@ -47,7 +47,7 @@ def normalize_text(text: str) -> str:
     return " ".join(re.sub(r"[^a-z0-9']+", " ", text.lower()).split())
 
 
-# Twelve recordings of human speech that ship with the package (see its README).
+# Thirteen recordings of human speech that ship with the package (see its README).
 REAL_SPEECH_MANIFEST = Path(__file__).parent / "real_speech" / "manifest.jsonl"
 
 

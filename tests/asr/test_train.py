@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import soxr
 import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file
@@ -26,6 +27,7 @@ from edgestream.asr.train import (
     TrainConfig,
     deepened,
     length_batches,
+    limit_bandwidth,
     pad_with_silence,
     train_asr,
     warp_frequencies,
@@ -83,11 +85,23 @@ def test_frequency_warp_moves_a_tone_where_the_stretched_tone_would_be() -> None
     assert abs(int(warp_frequencies(high, 1.1).mean(0).argmax()) - int(high.mean(0).argmax())) <= 1
 
 
+def test_band_limiting_matches_audio_low_passed_by_a_resampler() -> None:
+    noise = (np.random.default_rng(0).standard_normal(32_000) * 0.1).astype(np.float32)
+    eight_khz = soxr.resample(soxr.resample(noise, 16_000, 8_000), 8_000, 16_000)
+    real = compute_fbank(eight_khz.astype(np.float32)).mean(axis=0)
+    simulated = limit_bandwidth(compute_fbank(noise), 3_900.0, 200.0).mean(axis=0)
+    assert np.abs(simulated[:55] - real[:55]).max() < 0.3  # the pass band (< 3.3 kHz) is kept
+    assert np.abs(simulated[62:] - real[62:]).max() < 1.0  # above 4.3 kHz: the dither floor
+    assert real[62:].max() < real[:55].min()  # which is far below the pass band
+
+
 def test_frequency_warp_settings_are_checked() -> None:
     with pytest.raises(ValueError, match="vtlp"):
         TrainConfig(vtlp_prob=1.5)
     with pytest.raises(ValueError, match="vtlp"):
         TrainConfig(vtlp_max_warp=0.6)
+    with pytest.raises(ValueError, match="cutoff"):
+        TrainConfig(min_cutoff_hz=5_000.0, max_cutoff_hz=4_000.0)
 
 
 def test_several_manifests_train_as_their_utterances_one_after_the_other(
