@@ -14,15 +14,14 @@ Groups and texts are kept; `--limit` takes evenly spaced utterances, as `bench a
 
 from __future__ import annotations
 
-import argparse
-import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import soundfile as sf
 import soxr
 
-from edgestream.asr.manifest import ManifestEntry, write_manifest
 from edgestream.bench.asr import read_bench_manifest
+from edgestream.bench.probes import print_manifest_or_exit, probe_parser, write_probe_files
 
 
 def write_narrowband(
@@ -32,36 +31,32 @@ def write_narrowband(
     (`out/test.jsonl`, written last and atomically). Files already there are kept."""
     if not 1_000 <= rate <= 48_000:
         raise ValueError(f"expected a sample rate from 1000 to 48000 Hz, got {rate}")
-    utterances = read_bench_manifest(manifest, limit)
-    out.mkdir(parents=True, exist_ok=True)
-    entries = []
-    for index, utterance in enumerate(utterances):
-        wav = out / f"{index:05d}.wav"
-        if not wav.exists():
-            samples, source_rate = sf.read(utterance.audio, dtype="float32", always_2d=True)
-            temporary = wav.with_name(f".{wav.name}.tmp.wav")
+
+    def resampled(path: Path) -> Callable[[Path], None]:
+        def write(temporary: Path) -> None:
+            samples, source_rate = sf.read(path, dtype="float32", always_2d=True)
             narrow = soxr.resample(samples, source_rate, rate)
             sf.write(temporary, narrow, rate, subtype="PCM_16", format="WAV")
-            temporary.replace(wav)
-        duration = round(sf.info(wav).duration, 4)
-        entries.append(ManifestEntry(wav.name, utterance.text, duration, utterance.group))
-    target = out / "test.jsonl"
-    write_manifest(target, entries)
-    return target
+
+        return write
+
+    utterances = read_bench_manifest(manifest, limit)
+    items = (
+        (f"{index:05d}.wav", u.text, u.group, resampled(u.audio))
+        for index, u in enumerate(utterances)
+    )
+    return write_probe_files(out, items)
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--manifest", type=Path, required=True, help="utterances to rewrite")
-    parser.add_argument("--out", type=Path, required=True, help="folder for audio + test.jsonl")
+    parser = probe_parser(__doc__, "utterances to rewrite")
     parser.add_argument("--rate", type=int, default=8_000, help="sample rate to write (Hz)")
     parser.add_argument("--limit", type=int, default=None, help="at most this many utterances")
     args = parser.parse_args()
-    try:
-        print(write_narrowband(args.manifest, args.out, args.rate, args.limit))
-    except (OSError, ValueError, sf.LibsndfileError) as error:
-        print(f"error: {error}", file=sys.stderr)
-        sys.exit(2)
+    print_manifest_or_exit(
+        lambda: write_narrowband(args.manifest, args.out, args.rate, args.limit),
+        (OSError, ValueError, sf.LibsndfileError),
+    )
 
 
 if __name__ == "__main__":

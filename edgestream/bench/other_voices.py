@@ -16,10 +16,8 @@ festival festvox-kdlpc16k festvox-us-slt-hts`).
 
 from __future__ import annotations
 
-import argparse
 import functools
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -29,6 +27,7 @@ from pathlib import Path
 import soundfile as sf
 
 from edgestream.asr.voices import Flite, FliteVoice
+from edgestream.bench.probes import print_manifest_or_exit, probe_parser, write_probe_files
 
 FLITE_VOICES = ("kal16", "awb", "rms", "slt")
 FESTIVAL_VOICES = ("ked_diphone", "cmu_us_slt_arctic_hts")
@@ -76,35 +75,22 @@ def write_probe(manifest: Path, out: Path, limit: int, voices: list[Voice]) -> P
     if not voices:
         raise FileNotFoundError("no synthesiser found: install flite or festival")
     texts = [json.loads(line)["text"] for line in manifest.read_text("utf-8").splitlines()]
-    out.mkdir(parents=True, exist_ok=True)
-    lines = []
+    items = []
     for index, text in enumerate(texts[:limit]):
         voice = voices[index % len(voices)]
-        wav = out / f"{index:04d}-{voice.group}.wav"
-        if not wav.exists():
-            temporary = wav.with_name(f".{wav.name}.tmp.wav")
-            voice.speak(text, temporary)
-            os.replace(temporary, wav)
-        entry = {"audio": wav.name, "text": text, "duration": round(sf.info(wav).duration, 4)}
-        lines.append(json.dumps({**entry, "group": voice.group}))
-    target = out / "test.jsonl"
-    temporary = target.with_name(".test.jsonl.tmp")
-    temporary.write_text("\n".join(lines) + "\n", "utf-8")
-    os.replace(temporary, target)
-    return target
+        speak = functools.partial(voice.speak, text)
+        items.append((f"{index:04d}-{voice.group}.wav", text, voice.group, speak))
+    return write_probe_files(out, items)
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--manifest", type=Path, required=True, help="sentences to speak")
-    parser.add_argument("--out", type=Path, required=True, help="folder for audio + test.jsonl")
+    parser = probe_parser(__doc__, "sentences to speak")
     parser.add_argument("--limit", type=int, default=120, help="sentences to speak")
     args = parser.parse_args()
-    try:
-        print(write_probe(args.manifest, args.out, args.limit, available_voices()))
-    except (OSError, ValueError, KeyError, subprocess.CalledProcessError) as error:
-        print(f"error: {error}", file=sys.stderr)
-        sys.exit(2)
+    print_manifest_or_exit(
+        lambda: write_probe(args.manifest, args.out, args.limit, available_voices()),
+        (OSError, ValueError, KeyError, subprocess.CalledProcessError),
+    )
 
 
 if __name__ == "__main__":
