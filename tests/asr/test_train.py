@@ -19,7 +19,8 @@ from safetensors.torch import load_file
 from torch import nn
 
 from edgestream.asr.conformer import ConformerCTC
-from edgestream.asr.features import compute_fbank, load_audio
+from edgestream.asr.decode import CharVocabulary
+from edgestream.asr.features import GlobalCmvn, compute_fbank, load_audio
 from edgestream.asr.manifest import read_manifest, write_manifest
 from edgestream.asr.model_io import load_model
 from edgestream.asr.train import (
@@ -28,6 +29,7 @@ from edgestream.asr.train import (
     deepened,
     length_batches,
     limit_bandwidth,
+    make_batch,
     pad_with_silence,
     train_asr,
     warp_frequencies,
@@ -127,6 +129,21 @@ def test_several_manifests_train_as_their_utterances_one_after_the_other(
     # The cache is keyed by every manifest: another second manifest makes another store.
     write_manifest(second, moved[:-1])
     assert len(FeatureStore([first, second], tmp_path / "cache")) == len(entries) - 1
+
+
+def test_every_augmentation_at_once_keeps_batches_finite_and_labels_intact(
+    tiny_corpus: Path, tmp_path: Path
+) -> None:
+    store = FeatureStore(tiny_corpus / "train.jsonl", tmp_path / "cache")
+    cmvn = GlobalCmvn.from_features(store.features(i).astype(np.float32) for i in range(4))
+    vocabulary = CharVocabulary()
+    augment = TrainConfig(vtlp_prob=1.0, bandlimit_prob=1.0, silence_prob=1.0)
+    plain = make_batch(store, [0, 1, 2], cmvn, vocabulary, None, random.Random(0))
+    batch = make_batch(store, [0, 1, 2], cmvn, vocabulary, augment, random.Random(0))
+    assert torch.isfinite(batch.features).all()
+    assert (batch.lengths > plain.lengths).all()  # silence was added around every utterance
+    assert torch.equal(batch.targets, plain.targets)
+    assert not torch.equal(batch.features[:, : plain.features.shape[1]], plain.features)
 
 
 def test_training_lowers_the_loss_resumes_and_writes_a_loadable_model(
