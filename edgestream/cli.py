@@ -1355,6 +1355,13 @@ Beam = Annotated[
 ]
 
 
+Rescore = Annotated[
+    str,
+    typer.Option(
+        help="Rescore each segment's best candidates with a language model: 'none', "
+        "'smollm2', or a model folder or GGUF file (loading it takes ~15 s and ~0.6 GB).",
+    ),
+]
 VadOption = Annotated[
     bool,
     typer.Option(help="End segments on Silero VAD's silence instead of CTC blanks (silero-vad)."),
@@ -1362,7 +1369,12 @@ VadOption = Annotated[
 
 
 def _streaming_options(
-    chunk_ms: int, left_chunks: int, beam: int | None, lm: str, vad: bool = False
+    chunk_ms: int,
+    left_chunks: int,
+    beam: int | None,
+    lm: str,
+    vad: bool = False,
+    rescore: str = "none",
 ) -> object:
     from edgestream.asr.lm import load_lm
     from edgestream.asr.streaming import StreamingOptions
@@ -1370,16 +1382,25 @@ def _streaming_options(
 
     if beam == 0:
         lm = "none"
+        if rescore != "none":
+            raise ValueError("--rescore needs beam search's candidates: drop --beam 0")
     language_model = load_lm(lm)
     if beam is None:
-        beam = LM_BEAM if language_model is not None else 0
-    return StreamingOptions(
+        beam = LM_BEAM if language_model is not None or rescore != "none" else 0
+    options = StreamingOptions(
         chunk_ms=chunk_ms,
         left_chunks=left_chunks,
         beam=beam,
         lm=language_model,
         vad=SileroVad() if vad else None,
     )
+    if rescore == "none":
+        return options
+    from dataclasses import replace
+
+    from edgestream.assist.rescore import load_rescorer
+
+    return replace(options, rescorer=load_rescorer(rescore))
 
 
 def _show(table: object, report: object, json_path: Path | None) -> None:
@@ -1401,6 +1422,7 @@ def transcribe(
     left_chunks: LeftChunks = 4,
     beam: Beam = None,
     lm: LmName = "default",
+    rescore: Rescore = "none",
     vad: VadOption = False,
     stream: Annotated[bool, typer.Option(help="Print partial results as they come.")] = False,
     threads: Annotated[int | None, typer.Option(help="CPU threads (default: PyTorch's).")] = None,
@@ -1418,8 +1440,8 @@ def transcribe(
             raise ValueError(f"--threads must be at least 1, got {threads}")
         if resolve_backend(model, backend) != "onnx":  # onnxruntime takes them per session
             _set_threads(threads)
-        options = _streaming_options(chunk_ms, left_chunks, beam, lm, vad)
-        asr = load_streaming_model(model, backend, threads)
+        asr = load_streaming_model(model, backend, threads)  # a bad model fails before an LLM loads
+        options = _streaming_options(chunk_ms, left_chunks, beam, lm, vad, rescore)
         asr.chunk_encoder(options.left_chunks * options.chunk_frames)  # settings it can run
     except (ValueError, FileNotFoundError) as err:
         print(f"error: {str(err).splitlines()[0]}", file=sys.stderr)
@@ -1466,6 +1488,7 @@ def bench_asr_command(
     left_chunks: LeftChunks = 4,
     beam: Beam = None,
     lm: LmName = "default",
+    rescore: Rescore = "none",
     vad: VadOption = False,
     limit: Annotated[int | None, typer.Option(help="At most this many utterances.")] = None,
     pocketsphinx: Annotated[bool, typer.Option(help="Also run pocketsphinx.")] = True,
@@ -1483,8 +1506,8 @@ def bench_asr_command(
     from edgestream.asr.backends import load_streaming_model
     from edgestream.bench.asr import bench_asr, read_bench_manifest
 
-    options = _streaming_options(chunk_ms, left_chunks, beam, lm, vad)
     utterances = read_bench_manifest(manifest, limit)
+    options = _streaming_options(chunk_ms, left_chunks, beam, lm, vad, rescore)
     for output in (json_path, hypotheses):  # fail now, not after the whole run
         if output is not None and not output.parent.is_dir():
             raise FileNotFoundError(f"no folder {output.parent} to write {output.name} into")

@@ -254,6 +254,12 @@ class PrefixBeamDecoder:
         """The best prefix so far (its unfinished word scored as if complete)."""
         return list(max(self._beams, key=lambda prefix: self._score(prefix, final=True)))
 
+    def nbest(self, n: int) -> list[tuple[list[int], float]]:
+        """Up to `n` prefixes, best first, with their final scores (unfinished words completed):
+        the candidates a second pass (e.g. a neural LM) may rescore."""
+        scored = [(list(prefix), self._score(prefix, final=True)) for prefix in self._beams]
+        return sorted(scored, key=lambda item: item[1], reverse=True)[:n]
+
     def advance(self, log_probs: np.ndarray) -> None:
         for frame in log_probs:
             self._step(frame)

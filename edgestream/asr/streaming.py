@@ -18,6 +18,10 @@ carry on, so with greedy decoding endpoints do not change the text, only how it 
 endpoint commits the best prefix and restarts the language model's context at a sentence
 start, as any streaming recognizer must; between endpoints the text equals a one-shot beam
 search over the same frames (tested).
+
+A `SegmentRescorer` (optional, with beam search) is a second pass: when a segment closes, it
+picks the segment's text among the beam's best `nbest` candidates, e.g. by a neural language
+model's score (`edgestream.assist.rescore`). Partial results stay the first pass's.
 """
 
 from __future__ import annotations
@@ -46,6 +50,12 @@ from edgestream.asr.lm import NgramLm
 from edgestream.asr.vad import WINDOW, SileroVad
 
 
+class SegmentRescorer(Protocol):
+    """A closed segment's candidates, (text, first-pass log-score) best first -> its text."""
+
+    def __call__(self, candidates: list[tuple[str, float]]) -> str: ...
+
+
 @dataclass(frozen=True)
 class StreamingOptions:
     chunk_ms: int = 640
@@ -59,6 +69,8 @@ class StreamingOptions:
     silence_before_text_s: float = 2.4
     silence_after_text_s: float = 1.2
     max_segment_s: float = 20.0
+    rescorer: SegmentRescorer | None = None  # second pass over each closed segment (beam >= 1)
+    nbest: int = 8  # candidates the rescorer chooses among
 
     def __post_init__(self) -> None:
         if self.chunk_ms < ENCODER_FRAME_MS or self.chunk_ms % ENCODER_FRAME_MS:
@@ -72,6 +84,10 @@ class StreamingOptions:
             raise ValueError(f"expected beam >= 0, got {self.beam}")
         if self.lm is not None and self.beam == 0:
             raise ValueError("a language model needs beam search: expected beam >= 1")
+        if self.rescorer is not None and self.beam == 0:
+            raise ValueError("rescoring needs beam search's candidates: expected beam >= 1")
+        if self.nbest < 1:
+            raise ValueError(f"expected nbest >= 1, got {self.nbest}")
 
     @property
     def chunk_frames(self) -> int:
@@ -117,6 +133,7 @@ class Recognizer:
         self._vad_windows: deque[tuple[int, bool]] = deque()  # (end sample, speech?) not yet used
         self._speech_end = 0  # sample where the last speech window ended, or the last endpoint
         self._vad_time = 0  # the end of the audio behind the last decoded frame, in samples
+        self._closed_text: str | None = None  # the last segment's text once finalize closed it
 
     def _new_decoder(self) -> GreedyDecoder | PrefixBeamDecoder:
         options = self.options
@@ -136,8 +153,21 @@ class Recognizer:
     @property
     def text(self) -> str:
         """Everything recognised so far: closed segments and the current partial."""
-        current = self.asr.vocabulary.decode(self._decoder.ids)
+        current = self._closed_text
+        if current is None:
+            current = self.asr.vocabulary.decode(self._decoder.ids)
         return " ".join(s for s in [*self.segments, current] if s)
+
+    def _segment_text(self) -> str:
+        """The current segment's final text: the first pass's best, or the rescorer's choice."""
+        decoder, rescorer = self._decoder, self.options.rescorer
+        if rescorer is None or not isinstance(decoder, PrefixBeamDecoder):
+            return self.asr.vocabulary.decode(decoder.ids)
+        candidates: dict[str, float] = {}
+        for ids, score in decoder.nbest(self.options.nbest):
+            # BPE may spell one text in several ways: keep each text once, at its best score.
+            candidates.setdefault(self.asr.vocabulary.decode(ids), score)
+        return rescorer(list(candidates.items()))
 
     def accept_waveform(self, samples: np.ndarray) -> None:
         """samples: float (n,) mono at 16 kHz in [-1, 1]; any n, including 0."""
@@ -167,6 +197,8 @@ class Recognizer:
             remaining = self._available_encoder_frames()
             if remaining:
                 self._encode(remaining)
+            if self.options.rescorer is not None:
+                self._closed_text = self._segment_text()
             self.finished = True
         return self.text
 
@@ -238,7 +270,7 @@ class Recognizer:
         )
 
     def _endpoint(self) -> None:
-        current = self.asr.vocabulary.decode(self._decoder.ids)
+        current = self._segment_text()
         if current:
             self.segments.append(current)
         self._decoder = self._new_decoder()

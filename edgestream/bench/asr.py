@@ -191,7 +191,10 @@ def write_hypotheses(path: Path, utterances: list[Utterance], hypotheses: list[s
 def _decoder_name(options: StreamingOptions) -> str:
     if not options.beam:
         return "greedy"
-    return f"prefix beam {options.beam}" + (" + word LM" if options.lm is not None else "")
+    name = f"prefix beam {options.beam}" + (" + word LM" if options.lm is not None else "")
+    if options.rescorer is not None:
+        name += f" + {options.rescorer} of {options.nbest} best"
+    return name
 
 
 def bench_asr(

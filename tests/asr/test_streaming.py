@@ -166,3 +166,56 @@ def test_misuse_is_refused(random_model: Path) -> None:
         recognizer.accept_waveform(np.zeros(10, np.float32))
     with pytest.raises(ValueError, match="chunk"):
         StreamingOptions(chunk_ms=100)
+
+
+class _PickLast:
+    """A rescorer that records what it is offered and keeps the worst candidate, so that its
+    choice differs from the first pass's wherever there is a choice."""
+
+    def __init__(self) -> None:
+        self.offered: list[list[tuple[str, float]]] = []
+
+    def __call__(self, candidates: list[tuple[str, float]]) -> str:
+        self.offered.append(candidates)
+        return candidates[-1][0]
+
+
+def test_a_rescorer_chooses_each_closed_segment_among_distinct_candidates(
+    random_model: Path,
+) -> None:
+    asr = load_model(random_model)
+    # Three segments, closed by 1.2 s pauses, then finalize; unsure frames give the beam
+    # alternatives to offer.
+    pattern = ("_" * 32).join(["hi_ ", "a_b_c", "ab"]) + "_" * 3
+    ids = [0 if c == "_" else asr.vocabulary.encode(c)[0] for c in pattern]
+    unsure = np.eye(len(asr.vocabulary))[ids] * 0.6 + 0.4 / len(asr.vocabulary)
+    log_probs = np.log(unsure).astype(np.float32)
+
+    def run(options: StreamingOptions) -> Recognizer:
+        recognizer = Recognizer(asr, options)
+        for start in range(0, len(log_probs), 5):
+            recognizer._decode(log_probs[start : start + 5])
+        recognizer.finalize()  # no audio went in, so nothing is left to flush
+        return recognizer
+
+    first_pass = StreamingOptions(beam=6)
+    rescorer = _PickLast()
+    plain, rescored = run(first_pass), run(replace(first_pass, rescorer=rescorer, nbest=4))
+    assert plain.segments == ["hi", "abc"] and plain.text == "hi abc ab"
+    assert len(rescorer.offered) == 3  # two endpoints, then finalize
+    for candidates in rescorer.offered:
+        texts, scores = [t for t, _ in candidates], [s for _, s in candidates]
+        assert 2 <= len(candidates) <= 4
+        assert len(set(texts)) == len(texts)  # one entry per text, however BPE spelled it
+        assert scores == sorted(scores, reverse=True)
+    assert [candidates[0][0] for candidates in rescorer.offered] == ["hi", "abc", "ab"]
+    chosen = [candidates[-1][0] for candidates in rescorer.offered]
+    assert rescored.segments == chosen[:2]
+    assert rescored.text == " ".join(t for t in chosen if t) != plain.text
+
+
+def test_rescoring_needs_beam_search(random_model: Path) -> None:
+    with pytest.raises(ValueError, match="rescoring needs beam search"):
+        StreamingOptions(rescorer=_PickLast())
+    with pytest.raises(ValueError, match="nbest"):
+        StreamingOptions(beam=4, rescorer=_PickLast(), nbest=0)

@@ -1,0 +1,50 @@
+"""Second-pass rescoring of speech recognition candidates with the assistant's language model.
+
+The recognizer's first pass (CTC prefix beam search with a word trigram) keeps a beam of
+candidate transcripts for each segment. When the segment closes, `LlmRescorer` scores each
+candidate with the language model (`edgestream.llm.score`) and keeps the one with the best
+
+    first-pass score + weight * ln p_llm(text) + word_bonus * words
+
+A trigram judges three words at a time; the language model reads the whole segment and knows
+English far beyond the trigram's training text, so it can tell "ten of clubs" from "ten of
+close". This is the classic two-pass design (a cheap LM in the search, a strong one over its
+N best); it lives here, not in `edgestream.asr`, because the two engines never import each other.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from edgestream.llm.loading import LanguageModel, load_language_model
+from edgestream.llm.score import text_log_probs
+
+
+@dataclass(frozen=True)
+class LlmRescorer:
+    """A `SegmentRescorer` backed by a language model. Defaults chosen on dev (docs/asr.md)."""
+
+    lm: LanguageModel
+    weight: float = 0.5
+    word_bonus: float = 0.0
+
+    def __str__(self) -> str:
+        return f"{self.lm.name} rescoring (weight {self.weight:g})"
+
+    def __call__(self, candidates: list[tuple[str, float]]) -> str:
+        if len(candidates) < 2:
+            return candidates[0][0] if candidates else ""
+        texts = [text for text, _ in candidates]
+        llm_scores = text_log_probs(self.lm, texts)
+        totals = [
+            first + self.weight * llm + self.word_bonus * len(text.split())
+            for (text, first), llm in zip(candidates, llm_scores, strict=True)
+        ]
+        return texts[max(range(len(texts)), key=totals.__getitem__)]
+
+
+def load_rescorer(name: str, dtype: str = "float32") -> LlmRescorer | None:
+    """'none' -> None; otherwise a language model by name or path (`load_language_model`)."""
+    if name == "none":
+        return None
+    return LlmRescorer(load_language_model(name, dtype))
