@@ -1362,6 +1362,10 @@ Rescore = Annotated[
         "'smollm2', or a model folder or GGUF file (loading it takes ~15 s and ~0.6 GB).",
     ),
 ]
+AssistRescore = Annotated[
+    bool,
+    typer.Option(help="Rescore the transcript's candidates with the answering model."),
+]
 VadOption = Annotated[
     bool,
     typer.Option(help="End segments on Silero VAD's silence instead of CTC blanks (silero-vad)."),
@@ -1693,6 +1697,7 @@ def assist(
     max_new_tokens: Annotated[int, typer.Option(help="Upper bound on answer tokens.")] = 128,
     chunk_ms: ChunkMs = 640,
     lm: LmName = "default",
+    rescore: AssistRescore = True,
     compare: Annotated[
         bool, typer.Option(help="Also decode the answer with ar: speedup and exact match.")
     ] = True,
@@ -1714,6 +1719,7 @@ def assist(
         streams_path=streams,
         streaming=_streaming_options(chunk_ms, 4, None, lm),
         max_new_tokens=max_new_tokens,
+        rescore=rescore,
     )
     assistant = Assistant.load(config)
 
@@ -1774,6 +1780,7 @@ def serve(
     max_new_tokens: Annotated[int, typer.Option(help="Default upper bound on answers.")] = 128,
     max_streams: Annotated[int, typer.Option(help="Concurrent audio streams allowed.")] = 16,
     lm: LmName = "default",
+    rescore: AssistRescore = True,
     threads: Annotated[int | None, typer.Option(help="CPU threads (default: PyTorch's).")] = None,
 ) -> None:
     """Serve the voice assistant: a web page, streaming transcription and answers."""
@@ -1795,6 +1802,7 @@ def serve(
         streams_path=streams,
         streaming=_streaming_options(640, 4, None, lm),
         max_new_tokens=max_new_tokens,
+        rescore=rescore,
     )
     assistant = Assistant.load(config)
     methods = assistant.methods()  # loads the stream weights now, not on the first request

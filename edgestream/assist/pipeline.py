@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from edgestream.asr.audio import SAMPLE_RATE
 from edgestream.asr.model_io import AsrModel, load_model
 from edgestream.asr.streaming import Recognizer, StreamingOptions
 from edgestream.asr.transcribe import Transcript, transcribe_file
+from edgestream.assist.rescore import LlmRescorer
 from edgestream.llm.engine import GenerationResult, TokenCallback
 from edgestream.llm.loading import LanguageModel, load_language_model
 from edgestream.llm.methods import Decoder, MethodOptions, make_decoder
@@ -35,6 +36,9 @@ class AssistantConfig:
     streams_path: Path | None = None  # stream weights for ss (default: the bundled ones)
     streaming: StreamingOptions = field(default_factory=StreamingOptions)
     max_new_tokens: int = 128
+    # Rescore each transcript segment's candidates with the answering model (needs beam
+    # search): the model is loaded anyway, and it lowers the word error (docs/asr.md).
+    rescore: bool = True
 
     def __post_init__(self) -> None:
         if self.max_new_tokens < 1:
@@ -80,6 +84,9 @@ class Assistant:
 
     def __init__(self, asr: AsrModel, lm: LanguageModel, config: AssistantConfig) -> None:
         self.asr, self.lm, self.config = asr, lm, config
+        self.streaming = config.streaming
+        if config.rescore and self.streaming.beam and self.streaming.rescorer is None:
+            self.streaming = replace(self.streaming, rescorer=LlmRescorer(lm))
         self._decoders: dict[str, Decoder] = {}
         self._decode_lock = threading.Lock()
         self._methods: list[str] | None = None
@@ -91,12 +98,12 @@ class Assistant:
 
     def recognizer(self) -> Recognizer:
         """A fresh recognizer for one audio stream."""
-        return Recognizer(self.asr, self.config.streaming)
+        return Recognizer(self.asr, self.streaming)
 
     def transcribe(
         self, path: str | Path, on_partial: Callable[[str], None] | None = None
     ) -> Transcript:
-        return transcribe_file(self.asr, path, self.config.streaming, on_partial)
+        return transcribe_file(self.asr, path, self.streaming, on_partial)
 
     def methods(self) -> list[str]:
         """The answer methods this model can run (ss needs stream weights for it)."""

@@ -25,14 +25,18 @@ class LlmRescorer:
     """A `SegmentRescorer` backed by a language model. Defaults chosen on dev (docs/asr.md)."""
 
     lm: LanguageModel
+    # Chosen on the dev set's even half, checked on its odd half (docs/asr.md): 9.38% -> 8.43%.
     weight: float = 0.5
-    word_bonus: float = 0.0
+    word_bonus: float = 1.0
+    # A segment whose best candidate leads the next by more than this (first-pass log-score)
+    # keeps it unasked: on dev a third of the segments, at the same WER.
+    skip_margin: float = 4.0
 
     def __str__(self) -> str:
         return f"{self.lm.name} rescoring (weight {self.weight:g})"
 
     def __call__(self, candidates: list[tuple[str, float]]) -> str:
-        if len(candidates) < 2:
+        if len(candidates) < 2 or candidates[0][1] - candidates[1][1] > self.skip_margin:
             return candidates[0][0] if candidates else ""
         texts = [text for text, _ in candidates]
         llm_scores = text_log_probs(self.lm, texts)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -14,6 +15,7 @@ from edgestream.asr.lm import load_lm
 from edgestream.asr.streaming import StreamingOptions
 from edgestream.asr.transcribe import transcribe_file
 from edgestream.assist.pipeline import Assistant, AssistantConfig
+from edgestream.assist.rescore import LlmRescorer
 from edgestream.cli import LM_BEAM, app
 from tests.conftest import needs_smollm2
 
@@ -58,14 +60,21 @@ def test_assist_json_reports_transcript_answer_and_speed(
     assistant: Assistant, spoken_questions: list[Path], tiny_model_dir: Path, tiny_streams: Path
 ) -> None:
     clip = spoken_questions[5]
-    result = _assist([str(clip), "--json", "--max-new-tokens", "24"], tiny_model_dir, tiny_streams)
+    models = (tiny_model_dir, tiny_streams)
+    result = _assist([str(clip), "--json", "--max-new-tokens", "24"], *models)
     assert result.exit_code == 0, result.output
     record = json.loads(result.stdout)
-    # The CLI decodes with the bundled word LM: "france", where greedy hears "fronce".
+    # The CLI decodes with the bundled word LM ("france", where greedy hears "fronce"), then
+    # rescores the candidates with the answering model, here the tiny random one.
     with_lm = StreamingOptions(beam=LM_BEAM, lm=load_lm("default"))
-    heard = transcribe_file(assistant.asr, clip, with_lm)
-    assert record["transcript"]["text"] == heard.text != ""
-    heard = heard.text
+    rescored = replace(with_lm, rescorer=LlmRescorer(assistant.lm))
+    heard = transcribe_file(assistant.asr, clip, rescored).text
+    assert record["transcript"]["text"] == heard != ""
+    plain = _assist([str(clip), "--json", "--max-new-tokens", "1", "--no-rescore"], *models)
+    assert (
+        json.loads(plain.stdout)["transcript"]["text"]
+        == transcribe_file(assistant.asr, clip, with_lm).text
+    )
     assert record["transcript"]["rtf"] > 0 and record["transcript"]["duration"] > 0
     answer = record["answer"]
     assert answer["method"] == "ss" and answer["identical_to_ar"] is True

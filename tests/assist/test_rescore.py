@@ -27,13 +27,17 @@ def test_the_choice_maximises_first_pass_plus_weighted_llm_score(lm: object) -> 
         ]
         expected = texts[totals.index(max(totals))]
         assert LlmRescorer(lm, weight, bonus)(CANDIDATES) == expected
+        assert LlmRescorer(lm, weight, bonus, skip_margin=0.4)(CANDIDATES) == "the cat sat"
     # weight 0 keeps the first pass's best; a huge weight, the language model's favourite
-    assert LlmRescorer(lm, 0.0)(CANDIDATES) == "the cat sat"
-    assert LlmRescorer(lm, 100.0)(CANDIDATES) == texts[llm.index(max(llm))]
+    assert LlmRescorer(lm, 0.0, 0.0)(CANDIDATES) == "the cat sat"
+    assert LlmRescorer(lm, 100.0, 0.0)(CANDIDATES) == texts[llm.index(max(llm))]
 
 
-def test_a_single_candidate_is_kept_without_scoring(lm: object) -> None:
-    assert LlmRescorer(lm)([("only one", -3.0)]) == "only one"
+def test_a_single_or_clear_winner_is_kept_without_scoring(lm: object) -> None:
+    unasked = LlmRescorer(lm)
+    object.__setattr__(unasked, "lm", None)  # any use of the model would now fail
+    assert unasked([("only one", -3.0)]) == "only one"
+    assert unasked([("clear", -3.0), ("far behind", -7.5)]) == "clear"
 
 
 def test_transcribe_rescores_with_a_language_model_and_refuses_greedy(

@@ -23,7 +23,7 @@ END = json.dumps({"type": "end"})
 
 def _reference(assistant: object, clip: Path) -> str:
     """What the recognizer makes of the clip in-process: the server must say exactly this."""
-    return transcribe_samples(assistant.asr, samples_of(clip), assistant.config.streaming)
+    return transcribe_samples(assistant.asr, samples_of(clip), assistant.streaming)
 
 
 async def _transcribe(address: str, clip: Path, query: str = "") -> tuple[list[dict], dict]:
