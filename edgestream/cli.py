@@ -505,6 +505,13 @@ def bench_spec_command(
             )
         table.add_section()
     Console().print(table)
+    for name, where in report["divergence_summary"].items():
+        stderr.print(
+            f"{name}: {where['prompts']} of {len(questions)} prompts left ar's tokens; at the "
+            f"first differing token the base model's logit gap was at most "
+            f"{where['max_abs_logit_gap']} (median {where['median_abs_logit_gap']}; "
+            f"{where['stopped_differently']} stopped instead)"
+        )
     if json_path is not None:
         json_path.parent.mkdir(parents=True, exist_ok=True)
         json_path.write_text(json.dumps(report, indent=2) + "\n")

@@ -109,11 +109,11 @@ class MethodTallies:
 
 def _run_conversation(
     lm: LanguageModel, decoder: Decoder, prompt: BenchPrompt, max_new_tokens: int
-) -> tuple[GenerationResult, list[int]]:
-    """All turns of one question; returns the summed result and every turn's token ids."""
+) -> tuple[GenerationResult, list[list[int]]]:
+    """All turns of one question; returns the summed result and each turn's token ids."""
     messages: list[dict[str, str]] = []
     total = GenerationResult([], 0, 0.0, "stop")
-    all_ids: list[int] = []
+    turn_ids: list[list[int]] = []
     for turn in prompt.turns:
         messages.append({"role": "user", "content": turn})
         result = decoder(lm.encode_messages(messages), max_new_tokens, None)
@@ -124,8 +124,44 @@ def _run_conversation(
             total.seconds + result.seconds,
             result.finish_reason,
         )
-        all_ids += result.token_ids
-    return total, all_ids
+        turn_ids.append(result.token_ids)
+    return total, turn_ids
+
+
+@torch.inference_mode()
+def divergence(
+    lm: LanguageModel, prompt: BenchPrompt, ar_turns: list[list[int]], turns: list[list[int]]
+) -> dict[str, object]:
+    """Where a method's tokens first leave ar's, and how close the base model's own logits
+    were there: `logit_gap` = logit(ar's token) - logit(the method's), from one prefill of the
+    shared context. A near-tie (a gap within the dtype's rounding) is the only divergence a
+    lossless method may show; `None` where one of them stopped instead."""
+    messages: list[dict[str, str]] = []
+    for turn, (ar_ids, ids) in enumerate(zip(ar_turns, turns, strict=True)):
+        messages.append({"role": "user", "content": prompt.turns[turn]})
+        if ar_ids == ids:
+            messages.append({"role": "assistant", "content": lm.decode(ar_ids)})
+            continue
+        shared = next(
+            (i for i, (a, b) in enumerate(zip(ar_ids, ids, strict=False)) if a != b),
+            min(len(ar_ids), len(ids)),
+        )
+        ar_token = ar_ids[shared] if shared < len(ar_ids) else None
+        token = ids[shared] if shared < len(ids) else None
+        gap = None
+        if ar_token is not None and token is not None:
+            context = lm.encode_messages(messages) + ar_ids[:shared]
+            cache = lm.model.new_cache(len(context))
+            logits = lm.model(torch.tensor([context]), cache, last_only=True)[0, -1]
+            gap = round(float(logits[ar_token] - logits[token]), 4)
+        return {
+            "turn": turn,
+            "position": shared,
+            "ar_token": ar_token,
+            "method_token": token,
+            "logit_gap": gap,
+        }
+    raise ValueError("the two outputs are identical: no divergence")
 
 
 def bench_spec(
@@ -143,16 +179,17 @@ def bench_spec(
     for decoder in decoders.values():  # warm-up: allocation and kernel selection, discarded
         decoder(lm.encode_messages([{"role": "user", "content": "Hello!"}]), 8, None)
     tallies = {name: MethodTallies() for name in names}
-    divergent: list[dict[str, str]] = []
+    divergent: list[dict[str, object]] = []
     for index, prompt in enumerate(prompts):
         order = names[index % len(names) :] + names[: index % len(names)]
         outputs = {n: _run_conversation(lm, decoders[n], prompt, max_new_tokens) for n in order}
         for name in names:
-            result, ids = outputs[name]
-            exact = ids == outputs["ar"][1]
+            result, turns = outputs[name]
+            exact = turns == outputs["ar"][1]
             tallies[name].add(prompt.category, result, exact)
             if not exact:
-                divergent.append({"method": name, "question_id": prompt.question_id})
+                where = divergence(lm, prompt, outputs["ar"][1], turns)
+                divergent.append({"method": name, "question_id": prompt.question_id, **where})
         if progress is not None:
             progress(index + 1, len(prompts))
     return {
@@ -174,7 +211,24 @@ def bench_spec(
             for name, t in tallies.items()
         },
         "divergent": divergent,
+        "divergence_summary": divergence_summary(divergent),
     }
+
+
+def divergence_summary(divergent: list[dict[str, object]]) -> dict[str, dict[str, object]]:
+    """Per method: how many prompts left ar's tokens, and the largest and median |logit gap|
+    at the first differing token (the base model's own near-tie, if that is all it is)."""
+    summary: dict[str, dict[str, object]] = {}
+    for method in dict.fromkeys(d["method"] for d in divergent):
+        rows = [d for d in divergent if d["method"] == method]
+        gaps = sorted(abs(d["logit_gap"]) for d in rows if d["logit_gap"] is not None)
+        summary[str(method)] = {
+            "prompts": len(rows),
+            "max_abs_logit_gap": gaps[-1] if gaps else None,
+            "median_abs_logit_gap": gaps[len(gaps) // 2] if gaps else None,
+            "stopped_differently": len(rows) - len(gaps),
+        }
+    return summary
 
 
 def method_peak_memory(

@@ -181,3 +181,33 @@ def test_sampled_bench_keeps_every_method_identical_to_ar(
         assert report["methods"][method]["overall"]["exact_match_vs_ar"] == 1.0
     refused = CliRunner().invoke(app, [*args[:6], "--methods", "ar,hf-pld", "--temperature", "1"])
     assert refused.exit_code == 2 and "greedy only" in refused.stderr
+
+
+def test_a_divergence_is_located_and_its_logit_gap_measured(
+    tiny_model_dir: Path, setup: tuple[Path, Path]
+) -> None:
+    from edgestream.llm.engine import GenerationResult
+
+    prompts, _ = setup
+    lm = load_language_model(str(tiny_model_dir))
+    ar = make_decoder("ar", lm)
+
+    def second_best_at_3(ids: list[int], max_new_tokens: int, on_token: object) -> object:
+        """ar's output with its fourth token replaced by the base model's runner-up there."""
+        result = ar(ids, max_new_tokens, on_token)
+        if len(result.token_ids) < 4:
+            return result
+        context = torch.tensor([ids + result.token_ids[:3]])
+        logits = lm.model(context, lm.model.new_cache(context.shape[1]), last_only=True)[0, -1]
+        tokens = [*result.token_ids[:3], int(logits.topk(2).indices[1])]
+        return GenerationResult(tokens, result.forward_passes, result.seconds, "length")
+
+    decoders = {"ar": ar, "odd": second_best_at_3}
+    report = bench_spec(lm, decoders, read_spec_prompts(prompts), 12, threads=1)
+    assert report["methods"]["odd"]["overall"]["exact_match_vs_ar"] == 0.0
+    first = report["divergent"][0]
+    assert (first["method"], first["turn"], first["position"]) == ("odd", 0, 3)
+    assert first["method_token"] != first["ar_token"]
+    assert first["logit_gap"] > 0  # ar's token is the argmax: the runner-up trails it
+    summary = report["divergence_summary"]["odd"]
+    assert summary["prompts"] == 2 and summary["max_abs_logit_gap"] >= first["logit_gap"]
