@@ -13,7 +13,9 @@
 - Vocal tract length perturbation (`warp_frequencies`, optional: `vtlp_prob`) stretches some
   utterances' spectra, for voices no synthesiser in the corpus has; band limiting
   (`limit_bandwidth`, optional: `bandlimit_prob`) cuts some above a random frequency, as
-  telephones, 8 kHz files, lossy codecs and old recordings do.
+  telephones, 8 kHz files, lossy codecs and old recordings do; a random equaliser
+  (`colour_spectrum`, optional: `eq_prob`) tilts and ripples some spectra by a few decibels,
+  as microphones, rooms and loudspeakers colour real recordings.
 - SpecAugment (two frequency and two time masks, WeNet's sizes) on CMVN-normalised features,
   after noise-only frames are added around some utterances (`pad_with_silence`).
 - AdamW, linear warm-up then cosine decay; gradient clipping; checkpoints written atomically
@@ -103,6 +105,13 @@ class TrainConfig:
     bandlimit_prob: float = 0.0
     min_cutoff_hz: float = 3_000.0
     max_cutoff_hz: float = 7_000.0
+    # Random equaliser: with this probability an utterance's spectrum is multiplied by a smooth
+    # random gain curve of at most +-eq_max_db (a tilt plus a slow ripple over the mel axis).
+    # Why: synthesisers write every voice through the same flat "microphone", while real
+    # recordings come through microphones, rooms and codecs that tilt and colour the spectrum,
+    # and global CMVN does not remove that.
+    eq_prob: float = 0.0
+    eq_max_db: float = 10.0
     eval_chunk: int = 16  # 640 ms
     eval_left_chunks: int = 4
     eval_utterances: int = 300
@@ -130,6 +139,8 @@ class TrainConfig:
             raise ValueError(
                 "expected 0 <= bandlimit_prob <= 1 and 0 < min_cutoff_hz <= max_cutoff_hz"
             )
+        if not (0 <= self.eq_prob <= 1 and 0 <= self.eq_max_db <= 30):
+            raise ValueError("expected 0 <= eq_prob <= 1 and 0 <= eq_max_db <= 30")
 
 
 class FeatureStore:
@@ -273,6 +284,23 @@ def limit_bandwidth(frames: np.ndarray, cutoff_hz: float, loss_per_octave: float
     return np.logaddexp(frames - loss_per_octave * octaves, _dither_floor()).astype(np.float32)
 
 
+def colour_spectrum(frames: np.ndarray, gains_db: np.ndarray) -> np.ndarray:
+    """Log-mel frames (T, 80) of the same audio through an equaliser whose gain at each mel
+    bin's centre is `gains_db` (80,); where it cuts, the front end's dither floor shows through."""
+    gains = gains_db * (math.log(10.0) / 10.0)  # decibels -> natural-log power, the fbank's unit
+    return np.logaddexp(frames + gains.astype(np.float32), _dither_floor()).astype(np.float32)
+
+
+def random_equaliser(rng: random.Random, max_db: float) -> np.ndarray:
+    """Smooth random gains (80,) in dB within +-max_db: half of it a tilt from the lowest
+    mel bin to the highest, half a cosine ripple of 0.5-2 cycles over the mel axis."""
+    position = np.linspace(-1.0, 1.0, NUM_MEL_BINS)
+    cycles, phase = rng.uniform(0.5, 2.0), rng.uniform(0.0, 2 * math.pi)
+    tilt = rng.uniform(-1.0, 1.0) * position
+    ripple = rng.uniform(-1.0, 1.0) * np.cos(math.pi * cycles * position + phase)
+    return 0.5 * max_db * (tilt + ripple)
+
+
 @functools.cache
 def _dither_floor() -> np.ndarray:
     """The log-mel frame (80,) of digital silence, which the front end's dither fills."""
@@ -323,6 +351,10 @@ def make_batch(
                 warp = augment.vtlp_max_warp
                 frames = warp_frequencies(frames, rng.uniform(1 - warp, 1 + warp))
             frames = pad_with_silence(frames, augment, rng)
+            # After the padding (a microphone colours the silence too); no draw when off, so
+            # runs without it keep their random sequence.
+            if augment.eq_prob and rng.random() < augment.eq_prob:
+                frames = colour_spectrum(frames, random_equaliser(rng, augment.eq_max_db))
             if rng.random() < augment.bandlimit_prob:
                 cutoff = rng.uniform(augment.min_cutoff_hz, augment.max_cutoff_hz)
                 frames = limit_bandwidth(frames, cutoff, rng.uniform(10.0, 200.0))

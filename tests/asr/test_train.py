@@ -26,11 +26,14 @@ from edgestream.asr.model_io import load_model
 from edgestream.asr.train import (
     FeatureStore,
     TrainConfig,
+    _mel_bin_centres_hz,
+    colour_spectrum,
     deepened,
     length_batches,
     limit_bandwidth,
     make_batch,
     pad_with_silence,
+    random_equaliser,
     train_asr,
     warp_frequencies,
 )
@@ -97,6 +100,32 @@ def test_band_limiting_matches_audio_low_passed_by_a_resampler() -> None:
     assert real[62:].max() < real[:55].min()  # which is far below the pass band
 
 
+def test_equaliser_matches_audio_through_the_same_filter() -> None:
+    noise = (np.random.default_rng(0).standard_normal(32_000) * 0.05).astype(np.float32)
+    frames = compute_fbank(noise)
+    # A flat gain is a louder recording: 6.02 dB is twice the amplitude.
+    louder = colour_spectrum(frames, np.full(80, 20 * np.log10(2.0))).mean(axis=0)
+    assert np.abs(louder - compute_fbank(2 * noise).mean(axis=0)).max() < 0.02
+    # A first-order pre-emphasis filter, y[n] = x[n] - 0.9 x[n-1]: a steep tilt, -20 dB at DC
+    # and +5.6 dB at Nyquist, given to the equaliser as its response at the bins' centres.
+    filtered = np.append(noise[0], noise[1:] - 0.9 * noise[:-1]).astype(np.float32)
+    omega = 2 * np.pi * _mel_bin_centres_hz() / 16_000
+    response_db = 10 * np.log10(np.abs(1 - 0.9 * np.exp(-1j * omega)) ** 2)
+    simulated = colour_spectrum(frames, response_db).mean(axis=0)
+    real = compute_fbank(filtered).mean(axis=0)
+    assert np.abs(simulated[8:] - real[8:]).max() < 0.15  # above ~250 Hz: within 0.7 dB
+    assert real[-1] - real[8] > 3  # and the filter did tilt the spectrum by much more
+
+
+def test_random_equaliser_is_smooth_bounded_and_varied() -> None:
+    rng = random.Random(0)
+    curves = np.stack([random_equaliser(rng, 10.0) for _ in range(200)])
+    assert np.abs(curves).max() <= 10.0 and np.abs(curves).max() > 7.0
+    assert np.abs(np.diff(curves, axis=1)).max() < 1.0  # dB per bin: no narrow notches
+    assert np.std(curves[:, -1] - curves[:, 0]) > 3.0  # tilts of both signs and sizes
+    assert np.array_equal(random_equaliser(random.Random(1), 0.0), np.zeros(80))
+
+
 def test_frequency_warp_settings_are_checked() -> None:
     with pytest.raises(ValueError, match="vtlp"):
         TrainConfig(vtlp_prob=1.5)
@@ -104,6 +133,8 @@ def test_frequency_warp_settings_are_checked() -> None:
         TrainConfig(vtlp_max_warp=0.6)
     with pytest.raises(ValueError, match="cutoff"):
         TrainConfig(min_cutoff_hz=5_000.0, max_cutoff_hz=4_000.0)
+    with pytest.raises(ValueError, match="eq_prob"):
+        TrainConfig(eq_prob=-0.1)
 
 
 def test_several_manifests_train_as_their_utterances_one_after_the_other(
@@ -137,7 +168,7 @@ def test_every_augmentation_at_once_keeps_batches_finite_and_labels_intact(
     store = FeatureStore(tiny_corpus / "train.jsonl", tmp_path / "cache")
     cmvn = GlobalCmvn.from_features(store.features(i).astype(np.float32) for i in range(4))
     vocabulary = CharVocabulary()
-    augment = TrainConfig(vtlp_prob=1.0, bandlimit_prob=1.0, silence_prob=1.0)
+    augment = TrainConfig(vtlp_prob=1.0, bandlimit_prob=1.0, eq_prob=1.0, silence_prob=1.0)
     plain = make_batch(store, [0, 1, 2], cmvn, vocabulary, None, random.Random(0))
     batch = make_batch(store, [0, 1, 2], cmvn, vocabulary, augment, random.Random(0))
     assert torch.isfinite(batch.features).all()
