@@ -116,6 +116,14 @@ MedusaHeadsPath = Annotated[
     typer.Option(help="Medusa head weights for --method medusa (`edgestream train medusa`)."),
 ]
 
+DraftDtype = Annotated[
+    str,
+    typer.Option(
+        help="Precision the streams and Medusa heads draft in: auto (bfloat16 under a float32 "
+        "model on CPUs with native bfloat16), float32 or bfloat16. The output does not change."
+    ),
+]
+
 
 AdapterPath = Annotated[
     Path | None,
@@ -176,6 +184,7 @@ def generate(
     medusa: MedusaHeadsPath = None,
     draft: DraftModelPath = None,
     adapter: AdapterPath = None,
+    draft_dtype: DraftDtype = "auto",
     compare: Annotated[
         bool, typer.Option(help="Also decode with ar and report the speedup and exact match.")
     ] = False,
@@ -185,7 +194,7 @@ def generate(
     from edgestream.bench.environment import peak_rss_mib
     from edgestream.llm.engine import Sampling
     from edgestream.llm.loading import parse_dtype
-    from edgestream.llm.methods import MethodOptions, make_decoder
+    from edgestream.llm.methods import MethodOptions, drafting_dtype, make_decoder
 
     if method not in METHODS:
         raise ValueError(f"unknown method {method!r}: expected one of {', '.join(METHODS)}")
@@ -194,7 +203,7 @@ def generate(
         raise ValueError("the prompt is empty")
     if max_new_tokens < 1:
         raise ValueError(f"--max-new-tokens must be at least 1, got {max_new_tokens}")
-    parse_dtype(dtype)
+    drafting_dtype(draft_dtype, parse_dtype(dtype))
     sampling = Sampling(temperature=temperature, top_p=top_p, seed=seed)
     _set_threads(threads)
     _quiet_libraries()
@@ -206,6 +215,7 @@ def generate(
         streams=adapter_streams,
         medusa_path=medusa,
         draft_path=draft,
+        draft_dtype=draft_dtype,
     )
     decode = make_decoder(method, lm, options)
     prompt_ids = lm.encode_prompt(prompt, chat)
@@ -364,6 +374,7 @@ def bench_spec_command(
     medusa: MedusaHeadsPath = None,
     draft: DraftModelPath = None,
     adapter: AdapterPath = None,
+    draft_dtype: DraftDtype = "auto",
     draft_tokens: Annotated[int, typer.Option(help="Tokens drafted per pass (draft).")] = 4,
     pld_tokens: Annotated[int, typer.Option(help="Longest prompt-lookup draft (pld).")] = 10,
     lookup_tokens: Annotated[
@@ -401,11 +412,11 @@ def bench_spec_command(
     )
     from edgestream.llm.engine import Sampling
     from edgestream.llm.loading import parse_dtype
-    from edgestream.llm.methods import MethodOptions, footprint
+    from edgestream.llm.methods import MethodOptions, drafting_dtype, footprint
 
     names = _split_methods(methods)
     _check_baseline_weights(names, medusa, draft)
-    parse_dtype(dtype)
+    drafting = drafting_dtype(draft_dtype, parse_dtype(dtype))
     if (prompts is None) == (suite is None):
         raise ValueError("give exactly one of --prompts FILE or --suite tasks")
     if suite is not None and suite != "tasks":
@@ -441,6 +452,7 @@ def bench_spec_command(
         pld_tokens=pld_tokens,
         lookup_tokens=lookup_tokens,
         lookup_alone_ngram=lookup_alone_ngram,
+        draft_dtype=draft_dtype,
     )
     if "llamacpp" in names and not llamacpp_available():
         stderr.print(
@@ -474,9 +486,11 @@ def bench_spec_command(
         "pld_tokens": pld_tokens,
         "lookup_tokens": lookup_tokens,
         "lookup_alone_ngram": lookup_alone_ngram,
+        "draft_dtype": str(drafting).removeprefix("torch."),
     }
     if memory:
         generate_options = ["--model", model, "--dtype", dtype, "--threads", str(threads)]
+        generate_options += ["--draft-dtype", draft_dtype]
         weights = {"--streams": streams, "--medusa": medusa, "--draft": draft, "--adapter": adapter}
         for flag, path in weights.items():
             if path is not None:

@@ -122,6 +122,9 @@ class TrainConfig:
     # With an init model: insert this many near-identity Conformer blocks, spread evenly
     # (`deepened`), to add capacity without starting over.
     grow_layers: int = 0
+    # Dropout for this run, overriding the model's (an init model's, or the model config's):
+    # a fine-tune may train with less regularisation than the run it starts from.
+    dropout: float | None = None
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -129,6 +132,8 @@ class TrainConfig:
             raise ValueError("expected epochs >= 1, max_frames >= 100 and lr > 0")
         if self.average_epochs < 1 or self.grow_layers < 0:
             raise ValueError("expected average_epochs >= 1 and grow_layers >= 0")
+        if self.dropout is not None and not 0 <= self.dropout < 1:
+            raise ValueError("expected 0 <= dropout < 1")
         if not 0 <= self.min_lead_silence_frames <= self.max_lead_silence_frames:
             raise ValueError("expected 0 <= min_lead_silence_frames <= max_lead_silence_frames")
         if self.max_lead_silence_frames + self.max_trail_silence_frames > 300:
@@ -583,6 +588,8 @@ def train_asr(
         (out_dir / "vocabulary.json").write_text(json.dumps(start.vocabulary.to_metadata()))
     vocabulary = _shared_vocabulary(vocabulary_kind, train_store.texts, out_dir, rank, world)
     model_config = replace(model_config, vocab_size=len(vocabulary))
+    if config.dropout is not None:
+        model_config = replace(model_config, dropout=config.dropout)
 
     torch.manual_seed(config.seed)  # identical initial weights on every rank
     model = ConformerCTC(model_config)

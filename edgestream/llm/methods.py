@@ -12,6 +12,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import torch
+
 from edgestream.llm.baselines import generate_draft, generate_medusa, generate_pld
 from edgestream.llm.draft import load_draft
 from edgestream.llm.engine import (
@@ -28,6 +30,7 @@ from edgestream.llm.tree import TreeShape
 from edgestream.llm.weights_file import read_weights
 
 METHODS = ("ar", "ss", "ss-pld", "pld", "medusa", "draft")
+DRAFT_DTYPES = ("auto", "float32", "bfloat16")
 WEIGHTS_DIR = Path(__file__).parent / "weights"
 BUNDLED_STREAMS = {"smollm2": WEIGHTS_DIR / "smollm2-ss-lossless.safetensors"}
 
@@ -49,6 +52,24 @@ class MethodOptions:
     # ss-pld: a lookup match of at least this many tokens is verified alone, without streams
     # (0: always graft it onto the stream tree)
     lookup_alone_ngram: int = 2
+    # Precision the streams and Medusa heads draft in (DRAFT_DTYPES; see `drafting_dtype`)
+    draft_dtype: str = "auto"
+
+
+def drafting_dtype(name: str, model_dtype: torch.dtype) -> torch.dtype:
+    """The dtype drafters run in: "auto" is bfloat16 under a float32 model where the CPU has
+    native bfloat16 matrix products (oneDNN says so), otherwise the model's own.
+
+    Why it may differ from the model's: drafting a few rows is bound by reading the drafter's
+    weights, and a draft only decides what is verified, never what is accepted, so the output
+    stays the model's at any drafting precision (docs/speculative-streaming.md measures it).
+    """
+    if name not in DRAFT_DTYPES:
+        raise ValueError(f"unknown draft dtype {name!r}: expected one of {', '.join(DRAFT_DTYPES)}")
+    if name == "auto":
+        native = getattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", lambda: False)()
+        return torch.bfloat16 if model_dtype == torch.float32 and native else model_dtype
+    return getattr(torch, name)
 
 
 def resolve_streams(lm: LanguageModel, path: Path | None) -> tuple[SpeculativeStreams, dict]:
@@ -71,6 +92,7 @@ def make_decoder(
     if method not in METHODS:
         raise ValueError(f"unknown method {method!r}: expected one of {', '.join(METHODS)}")
     stop, sampling, tree = lm.stop_ids, options.sampling, options.tree
+    draft_dtype = drafting_dtype(options.draft_dtype, lm.model.dtype)
     if method == "ar":
         return lambda ids, n, cb: generate_ar(lm.model, ids, n, stop, sampling, cb)
     if method == "pld":
@@ -83,7 +105,7 @@ def make_decoder(
                 "--method medusa needs heads: train them with `edgestream train medusa` "
                 "and pass --medusa PATH"
             )
-        heads, _ = load_medusa(options.medusa_path, lm.model)
+        heads, _ = load_medusa(options.medusa_path, lm.model, draft_dtype)
         return lambda ids, n, cb: generate_medusa(lm.model, heads, ids, n, stop, tree, cb, sampling)
     if method == "draft":
         if options.draft_path is None:
@@ -96,7 +118,7 @@ def make_decoder(
             lm.model, draft, ids, n, stop, options.draft_tokens, cb, sampling
         )
     streams = options.streams or resolve_streams(lm, options.streams_path)[0]
-    streams = streams.merged_for(lm.model)  # adapters folded in: fewer ops per stream pass
+    streams = streams.merged_for(lm.model, draft_dtype)  # adapters folded in, drafting dtype
     head = DraftHead(lm.model, streams)
     lookup = options.lookup_tokens if method == "ss-pld" else 0
     return lambda ids, n, cb: generate_ss(

@@ -260,8 +260,14 @@ class FeedForward(nn.Module):
         self.w_down = nn.Linear(config.intermediate_size, config.dim, bias=False)
 
     def forward(self, x: Tensor) -> Tensor:
-        gate, up = self.w_gate_up(x).chunk(2, dim=-1)
-        return self.w_down(F.silu(gate) * up)
+        return swiglu(self.w_gate_up, self.w_down, x)
+
+
+def swiglu(w_gate_up: nn.Module, w_down: nn.Module, x: Tensor) -> Tensor:
+    """down(silu(gate(x)) * up(x)), gate and up fused in w_gate_up (also used for stream rows
+    through other copies of the weights)."""
+    gate, up = w_gate_up(x).chunk(2, dim=-1)
+    return w_down(F.silu(gate) * up)
 
 
 class Block(nn.Module):

@@ -29,6 +29,7 @@ from edgestream.llm.model import (
     apply_rotary,
     can_pack_weights,
     grouped_query_attention,
+    swiglu,
 )
 from edgestream.llm.weights_file import load_drafter, save_weights
 
@@ -93,34 +94,58 @@ class StreamAdapter(nn.Module):
     def project_out(self, block: Block, out: Tensor) -> Tensor:
         return block.attention.wo(out) + self.o(out.to(self.o.up.weight.dtype)).to(out.dtype)
 
+    def feed_forward(self, block: Block, x: Tensor) -> Tensor:
+        return block.feed_forward(x)
 
-class MergedStreamProjections(nn.Module):
-    """One MSA layer's stream-row q/k/v and output projections with the adapter folded in.
 
-    W + B A, computed once for inference. Why: the stream pass runs a handful of rows, so its
-    cost is per-op overhead rather than weight bytes; folding removes the adapter's four small
-    matmuls, two casts and two adds per layer. Stream rows only: main rows keep W.
+class MergedStreamLayer(nn.Module):
+    """One MSA layer's linears for stream rows, ready for inference: the q/k/v and output
+    projections with the adapter folded in (W + B A), all four in the drafting dtype.
+
+    Why folded: the stream pass runs a handful of rows, so the adapter's four small matmuls,
+    casts and adds per layer cost more than the bytes they add to W. Why another dtype: those
+    few rows make the stream pass a read of the top N_s layers' weights, which do not stay in
+    the CPU cache between passes (SmolLM2's top 10 layers: 140 MB in float32; their matmuls
+    are 60% of a stream pass, measured), and bfloat16 copies halve the bytes. Drafts decide
+    only what is verified, never what is accepted, so the output stays the base model's at any
+    drafting precision. The residual stream, the norms and attention stay in the model's
+    dtype, so stream rows read the main stream's cached keys and values as they are.
     """
 
-    def __init__(self, block: Block, adapter: StreamAdapter) -> None:
+    def __init__(self, block: Block, adapter: StreamAdapter | None, dtype: torch.dtype) -> None:
         super().__init__()
-        attn = block.attention
-        self.wqkv = _folded(attn.wqkv, adapter.qkv)
-        self.wo = _folded(attn.wo, adapter.o)
+        attn, ff = block.attention, block.feed_forward
+        self.dtype = dtype
+        self.wqkv = _converted(attn.wqkv, dtype, adapter.qkv if adapter else None)
+        self.wo = _converted(attn.wo, dtype, adapter.o if adapter else None)
+        # In the model's own dtype the block's feed-forward serves as it is: no copy.
+        own = dtype == block.attention_norm.weight.dtype
+        self.w_gate_up = None if own else _converted(ff.w_gate_up, dtype)
+        self.w_down = None if own else _converted(ff.w_down, dtype)
 
     def project_qkv(self, block: Block, h: Tensor) -> Tensor:
-        return self.wqkv(h)
+        return self.wqkv(h.to(self.dtype)).to(h.dtype)
 
     def project_out(self, block: Block, out: Tensor) -> Tensor:
-        return self.wo(out)
+        return self.wo(out.to(self.dtype)).to(out.dtype)
+
+    def feed_forward(self, block: Block, x: Tensor) -> Tensor:
+        if self.w_gate_up is None or self.w_down is None:
+            return block.feed_forward(x)
+        return swiglu(self.w_gate_up, self.w_down, x.to(self.dtype)).to(x.dtype)
 
 
-def _folded(base: nn.Module, update: LowRank) -> nn.Module:
-    """A linear layer computing base(x) + update(x), in the base dtype (packed if base was)."""
+def _converted(base: nn.Module, dtype: torch.dtype, update: LowRank | None = None) -> nn.Module:
+    """A linear layer computing base(x) (+ update(x)) in `dtype`, packed if base was; base
+    itself when there is nothing to change."""
     weight = base.weight if isinstance(base, nn.Linear) else base.plain_weight()
-    delta = update.up.weight.float() @ update.down.weight.float()  # (out, in)
-    linear = nn.Linear(weight.shape[1], weight.shape[0], bias=False, dtype=weight.dtype)
-    linear.weight = nn.Parameter((weight.float() + delta).to(weight.dtype), requires_grad=False)
+    if update is None and weight.dtype == dtype:
+        return base
+    merged = weight.float()
+    if update is not None:
+        merged = merged + update.up.weight.float() @ update.down.weight.float()  # (out, in)
+    linear = nn.Linear(weight.shape[1], weight.shape[0], bias=False, dtype=dtype)
+    linear.weight = nn.Parameter(merged.to(dtype), requires_grad=False)
     return PackedLinear(linear) if isinstance(base, PackedLinear) else linear
 
 
@@ -140,6 +165,7 @@ class SpeculativeStreams(nn.Module):
             )
         self.config = config
         self.split = n_layers - config.n_stream_layers
+        self.draft_dtype: torch.dtype | None = None  # set by `merged_for`; None: the model's
         self.embeddings = nn.Parameter(torch.randn(config.n_streams, dim) * 0.02)
         self.next_token = (
             LowRank(dim, dim, config.next_token_rank) if config.next_token_rank else None
@@ -161,19 +187,26 @@ class SpeculativeStreams(nn.Module):
     def extra_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters())
 
-    def merged_for(self, model: Transformer) -> SpeculativeStreams:
-        """A copy for inference with each layer's adapter folded into copies of the model's
-        stream-layer projections (`MergedStreamProjections`); this object stays trainable.
+    def merged_for(
+        self, model: Transformer, dtype: torch.dtype | None = None
+    ) -> SpeculativeStreams:
+        """A copy for inference whose stream rows go through `MergedStreamLayer`s: adapters
+        folded into copies of the model's stream-layer projections, and every stream-layer
+        linear (and the draft head, `DraftHead`) in `dtype` (default: the model's). This
+        object stays trainable.
 
-        The copy drafts what this one drafts up to float rounding; it cannot be trained or saved.
+        The copy drafts what this one drafts up to rounding; it cannot be trained or saved.
         """
+        dtype = dtype or model.dtype
         merged = copy.deepcopy(self)
-        if len(self.adapters):
+        if len(self.adapters) or dtype != model.dtype:
             layers = model.layers[self.split :]
+            adapters = list(self.adapters) or [None] * len(layers)
             merged.adapters = nn.ModuleList(
-                MergedStreamProjections(block, adapter)
-                for block, adapter in zip(layers, self.adapters, strict=True)
+                MergedStreamLayer(block, adapter, dtype)
+                for block, adapter in zip(layers, adapters, strict=True)
             )
+        merged.draft_dtype = dtype
         merged.requires_grad_(False)
         return merged
 
@@ -217,7 +250,7 @@ def stream_mask(node_mask: Tensor, n_streams: int) -> Tensor:
 
 def stream_layer(
     block: Block,
-    adapter: StreamAdapter | MergedStreamProjections | None,
+    adapter: StreamAdapter | MergedStreamLayer | None,
     s: Tensor,
     rope: tuple[Tensor, Tensor],
     mask: Tensor,
@@ -249,7 +282,8 @@ def stream_layer(
     out = grouped_query_attention(q, keys, values, mask)
     out = out.transpose(1, 2).reshape(B, R, q_size)  # (B, R, H * hd)
     s = s + (attn.wo(out) if adapter is None else adapter.project_out(block, out))
-    return s + block.feed_forward(block.ffn_norm(s))
+    h = block.ffn_norm(s)
+    return s + (block.feed_forward(h) if adapter is None else adapter.feed_forward(block, h))
 
 
 @dataclass
@@ -260,25 +294,28 @@ class StreamOutput:
 
 
 class DraftHead:
-    """The LM head the streams draft with: the model's own, restricted to the draft vocabulary.
+    """The LM head the streams draft with: the model's own, restricted to the draft vocabulary,
+    in the streams' drafting dtype (`SpeculativeStreams.merged_for`).
 
     Only the node that was accepted last needs draft logits: running the LM head for every
     node's streams would cost more than the streams themselves.
     """
 
     def __init__(self, model: Transformer, streams: SpeculativeStreams) -> None:
+        self.dtype = streams.draft_dtype or model.dtype
         self.vocab: Tensor | None = None
-        self.head: nn.Module = model.output
+        self.head: nn.Module = _converted(model.output, self.dtype)
         if streams.config.draft_vocab_size:
             self.vocab = streams.draft_vocab
-            rows = model.lm_head_weight()[self.vocab]  # (V_d, dim), a copy
-            linear = nn.Linear(rows.shape[1], rows.shape[0], bias=False, dtype=rows.dtype)
+            rows = model.lm_head_weight()[self.vocab].to(self.dtype)  # (V_d, dim), a copy
+            linear = nn.Linear(rows.shape[1], rows.shape[0], bias=False, dtype=self.dtype)
             linear.weight = nn.Parameter(rows, requires_grad=False)
             self.head = PackedLinear(linear) if can_pack_weights() else linear
 
     def top_k(self, stream_hidden: Tensor, k: int) -> tuple[Tensor, Tensor]:
         """(gamma, dim) final-norm states -> top-k token ids and log-probabilities (gamma, k)."""
-        log_probs, index = torch.log_softmax(self.head(stream_hidden).float(), -1).topk(k, -1)
+        logits = self.head(stream_hidden.to(self.dtype)).float()
+        log_probs, index = torch.log_softmax(logits, -1).topk(k, -1)
         tokens = index if self.vocab is None else self.vocab[index]
         return tokens, log_probs
 
@@ -312,7 +349,7 @@ def stream_inputs(
 
 def adapter_for(
     streams: SpeculativeStreams, layer: int
-) -> StreamAdapter | MergedStreamProjections | None:
+) -> StreamAdapter | MergedStreamLayer | None:
     return streams.adapters[layer - streams.split] if len(streams.adapters) else None
 
 
@@ -396,7 +433,7 @@ def stream_pass(
 
 def save_streams(streams: SpeculativeStreams, path: Path, info: dict[str, object]) -> None:
     """Write stream weights as safetensors, with their config and `info` (JSON) as metadata."""
-    if any(isinstance(a, MergedStreamProjections) for a in streams.adapters):
+    if any(isinstance(a, MergedStreamLayer) for a in streams.adapters):
         raise ValueError("streams merged for inference cannot be saved: save the ones merged")
     save_weights(streams, path, "stream_config", streams.config.to_dict(), info)
 

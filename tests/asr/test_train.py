@@ -441,3 +441,24 @@ def test_training_can_deepen_its_init_model_and_resume(tiny_corpus: Path, tmp_pa
     longer = replace(config, epochs=2)
     resumed = load_model(train_asr(*manifests, tmp_path / "b", TINY, longer, init=first))
     assert resumed.model.config.num_layers == 4
+
+
+def test_a_fine_tune_can_override_the_init_models_dropout(
+    tiny_corpus: Path, tmp_path: Path
+) -> None:
+    manifests = (tiny_corpus / "train.jsonl", tiny_corpus / "dev.jsonl")
+    first = train_asr(*manifests, tmp_path / "a", replace(TINY, dropout=0.3), FAST)
+    assert load_model(first).model.config.dropout == 0.3
+    config = replace(FAST, epochs=1, curriculum_epochs=0, lr=1e-4, dropout=0.0)
+    tuned = load_model(train_asr(*manifests, tmp_path / "b", TINY, config, init=first)).model
+    assert tuned.config.dropout == 0.0
+    # In training mode, without dropout, two passes over the same input agree exactly.
+    tuned.train()
+    features, lengths = torch.randn(1, 120, 80), torch.tensor([120])
+    torch.testing.assert_close(tuned(features, lengths), tuned(features, lengths), rtol=0, atol=0)
+    dropped = ConformerCTC(replace(tuned.config, dropout=0.3))  # with dropout the check fails
+    dropped.load_state_dict(tuned.state_dict())
+    dropped.train()
+    assert not torch.equal(dropped(features, lengths)[0], dropped(features, lengths)[0])
+    with pytest.raises(ValueError, match="dropout"):
+        replace(FAST, dropout=1.0)

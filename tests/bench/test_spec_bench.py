@@ -49,12 +49,13 @@ def setup(tiny_model_dir: Path, tmp_path: Path) -> tuple[Path, Path]:
     return prompts, tmp_path / "streams.safetensors"
 
 
+@pytest.mark.parametrize("draft_dtype", ["float32", "bfloat16"])
 def test_ss_matches_ar_and_every_statistic_is_reported(
-    tiny_model_dir: Path, setup: tuple[Path, Path]
+    tiny_model_dir: Path, setup: tuple[Path, Path], draft_dtype: str
 ) -> None:
     prompts, streams = setup
     lm = load_language_model(str(tiny_model_dir))
-    options = MethodOptions(streams_path=streams)
+    options = MethodOptions(streams_path=streams, draft_dtype=draft_dtype)
     decoders = {m: make_decoder(m, lm, options) for m in ("ar", "ss")}
     report = bench_spec(lm, decoders, read_spec_prompts(prompts), 12, threads=1)
     ss = report["methods"]["ss"]
@@ -103,12 +104,15 @@ def test_cli_writes_the_json_it_promises(
             "8",
             "--threads",
             "1",
+            "--draft-dtype",
+            "bfloat16",
             "--json",
             str(out),
         ],
     )
     assert result.exit_code == 0, result.output
     report = json.loads(out.read_text())
+    assert report["setup"]["options"]["draft_dtype"] == "bfloat16"
     assert {"model", "max_new_tokens", "methods"} <= report.keys()
     assert set(report["methods"]) == {"ar", "ss"}
     assert report["methods"]["ss"]["extra_parameters"] > 0

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 
 import pytest
@@ -111,9 +112,13 @@ def test_medusa_decoding_equals_ar_with_untrained_heads(
     with torch.no_grad():  # random heads: lossless must not depend on their quality
         for p in heads.parameters():
             p.normal_(0, 0.5)
+    low = copy.deepcopy(heads).to(torch.bfloat16)  # drafting in bfloat16 (`--draft-dtype`)
     for text in TINY_CORPUS[:4]:
         prompt = lm.encode_prompt(text)
         ar = generate_ar(lm.model, prompt, 40, lm.stop_ids)
         medusa = generate_medusa(lm.model, heads, prompt, 40, lm.stop_ids, shape)
         assert medusa.token_ids == ar.token_ids
         assert medusa.forward_passes <= ar.forward_passes
+        assert generate_medusa(lm.model, low, prompt, 40, lm.stop_ids, shape).token_ids == (
+            ar.token_ids
+        )

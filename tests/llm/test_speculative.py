@@ -10,6 +10,8 @@ import torch
 from edgestream.llm.engine import generate_ar, generate_ss
 from edgestream.llm.model import Transformer, can_pack_weights
 from edgestream.llm.msa import (
+    DraftHead,
+    MergedStreamLayer,
     SpeculativeStreams,
     StreamAdapter,
     StreamConfig,
@@ -199,6 +201,40 @@ def test_merged_adapters_draft_what_the_adapters_draft(
     prompt = _prompt(10, 3)
     ss = generate_ss(base, merged, prompt, 40)
     assert ss.token_ids == generate_ar(base, prompt, 40).token_ids
+
+
+@pytest.mark.parametrize("pack", [False, True])
+@torch.inference_mode()
+def test_bfloat16_drafting_stays_lossless_and_close_to_float32_drafts(
+    streams: SpeculativeStreams, plain_streams: SpeculativeStreams, pack: bool
+) -> None:
+    """Stream rows through bfloat16 copies of the stream layers (and a bfloat16 draft head)
+    draft nearly what float32 drafts, while the decoded text stays the float32 model's."""
+    if pack and not can_pack_weights():
+        pytest.skip("this PyTorch build has no oneDNN")
+    base = Transformer.from_hf(tiny_llama(max_position=128))
+    base = base.pack_weights() if pack else base
+    tokens = torch.tensor([_prompt(9, 7)])
+    cache = base.new_cache(16)
+    out = ss_forward(base, streams, tokens, cache, stream_nodes=torch.zeros(0, dtype=torch.long))
+    args = (out.split_hidden[:, -1], 8, cache, 5)
+    for trained in (streams, plain_streams):  # with adapters and with embeddings only
+        low = trained.merged_for(base, torch.bfloat16)
+        assert all(
+            isinstance(a, MergedStreamLayer) and a.dtype == torch.bfloat16 for a in low.adapters
+        )
+        expected = stream_pass(base, trained, *args)
+        got = stream_pass(base, low, *args)
+        assert got.dtype == torch.float32  # the residual stream stays in the model's dtype
+        error = (got - expected).norm() / expected.norm()
+        assert 0 < error < 0.02, error  # bfloat16 rounding, no more (and not none: it ran)
+        head = DraftHead(base, low)
+        assert head.dtype == torch.bfloat16
+        ids, log_probs = head.top_k(got[0], 2)
+        assert ids.shape == log_probs.shape == (trained.config.n_streams, 2)
+        for prompt in (_prompt(10, 3), _prompt(12, 5)):
+            expected_ids = generate_ar(base, prompt, 40).token_ids
+            assert generate_ss(base, low, prompt, 40, head=head).token_ids == expected_ids
 
 
 def test_streams_depend_only_on_the_past(
