@@ -304,13 +304,14 @@ class DraftHead:
     def __init__(self, model: Transformer, streams: SpeculativeStreams) -> None:
         self.dtype = streams.draft_dtype or model.dtype
         self.vocab: Tensor | None = None
-        self.head: nn.Module = _converted(model.output, self.dtype)
-        if streams.config.draft_vocab_size:
-            self.vocab = streams.draft_vocab
-            rows = model.lm_head_weight()[self.vocab].to(self.dtype)  # (V_d, dim), a copy
-            linear = nn.Linear(rows.shape[1], rows.shape[0], bias=False, dtype=self.dtype)
-            linear.weight = nn.Parameter(rows, requires_grad=False)
-            self.head = PackedLinear(linear) if can_pack_weights() else linear
+        if not streams.config.draft_vocab_size:  # the whole vocabulary: the model's own head
+            self.head: nn.Module = _converted(model.output, self.dtype)
+            return
+        self.vocab = streams.draft_vocab
+        rows = model.lm_head_weight()[self.vocab].to(self.dtype)  # (V_d, dim), a copy
+        linear = nn.Linear(rows.shape[1], rows.shape[0], bias=False, dtype=self.dtype)
+        linear.weight = nn.Parameter(rows, requires_grad=False)
+        self.head = PackedLinear(linear) if can_pack_weights() else linear
 
     def top_k(self, stream_hidden: Tensor, k: int) -> tuple[Tensor, Tensor]:
         """(gamma, dim) final-norm states -> top-k token ids and log-probabilities (gamma, k)."""
