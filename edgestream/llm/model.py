@@ -164,6 +164,18 @@ def can_pack_weights() -> bool:
     return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
 
 
+def packed_or_plain(linear: nn.Linear) -> nn.Module:
+    """`PackedLinear(linear)` where oneDNN can pack its dtype here, else `linear` unchanged.
+
+    Why: oneDNN packs bfloat16 weights only on CPUs with AVX-512 (BW, VL, DQ) or AVX-NE-CONVERT;
+    on an AVX2-only CPU the reorder raises, so those layers stay plain `nn.Linear`.
+    """
+    bf16_ok = getattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", lambda: False)()
+    if not can_pack_weights() or (linear.weight.dtype == torch.bfloat16 and not bf16_ok):
+        return linear
+    return PackedLinear(linear)
+
+
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float) -> None:
         super().__init__()
@@ -398,7 +410,7 @@ class Transformer(nn.Module):
         for module in list(self.modules()):
             for name, child in module.named_children():
                 if isinstance(child, nn.Linear):
-                    setattr(module, name, PackedLinear(child))
+                    setattr(module, name, packed_or_plain(child))
         return self
 
     @classmethod

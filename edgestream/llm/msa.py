@@ -27,8 +27,8 @@ from edgestream.llm.model import (
     PackedLinear,
     Transformer,
     apply_rotary,
-    can_pack_weights,
     grouped_query_attention,
+    packed_or_plain,
     swiglu,
 )
 from edgestream.llm.weights_file import load_drafter, save_weights
@@ -146,7 +146,7 @@ def _converted(base: nn.Module, dtype: torch.dtype, update: LowRank | None = Non
         merged = merged + update.up.weight.float() @ update.down.weight.float()  # (out, in)
     linear = nn.Linear(weight.shape[1], weight.shape[0], bias=False, dtype=dtype)
     linear.weight = nn.Parameter(merged.to(dtype), requires_grad=False)
-    return PackedLinear(linear) if isinstance(base, PackedLinear) else linear
+    return packed_or_plain(linear) if isinstance(base, PackedLinear) else linear
 
 
 class SpeculativeStreams(nn.Module):
@@ -311,7 +311,7 @@ class DraftHead:
         rows = model.lm_head_weight()[self.vocab].to(self.dtype)  # (V_d, dim), a copy
         linear = nn.Linear(rows.shape[1], rows.shape[0], bias=False, dtype=self.dtype)
         linear.weight = nn.Parameter(rows, requires_grad=False)
-        self.head = PackedLinear(linear) if can_pack_weights() else linear
+        self.head = packed_or_plain(linear)
 
     def top_k(self, stream_hidden: Tensor, k: int) -> tuple[Tensor, Tensor]:
         """(gamma, dim) final-norm states -> top-k token ids and log-probabilities (gamma, k)."""
