@@ -25,6 +25,7 @@ from edgestream.llm.engine import (
 )
 from edgestream.llm.loading import LanguageModel
 from edgestream.llm.medusa import load_medusa
+from edgestream.llm.model import native_bfloat16
 from edgestream.llm.msa import DraftHead, SpeculativeStreams, load_streams
 from edgestream.llm.tree import TreeShape
 from edgestream.llm.weights_file import read_weights
@@ -67,8 +68,8 @@ def drafting_dtype(name: str, model_dtype: torch.dtype) -> torch.dtype:
     if name not in DRAFT_DTYPES:
         raise ValueError(f"unknown draft dtype {name!r}: expected one of {', '.join(DRAFT_DTYPES)}")
     if name == "auto":
-        native = getattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", lambda: False)()
-        return torch.bfloat16 if model_dtype == torch.float32 and native else model_dtype
+        use_bf16 = model_dtype == torch.float32 and native_bfloat16()
+        return torch.bfloat16 if use_bf16 else model_dtype
     return getattr(torch, name)
 
 

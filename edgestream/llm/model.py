@@ -164,14 +164,18 @@ def can_pack_weights() -> bool:
     return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
 
 
+def native_bfloat16() -> bool:
+    """Whether oneDNN computes bfloat16 natively here (AVX-512 BW/VL/DQ or AVX-NE-CONVERT)."""
+    return getattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", lambda: False)()
+
+
 def packed_or_plain(linear: nn.Linear) -> nn.Module:
     """`PackedLinear(linear)` where oneDNN can pack its dtype here, else `linear` unchanged.
 
-    Why: oneDNN packs bfloat16 weights only on CPUs with AVX-512 (BW, VL, DQ) or AVX-NE-CONVERT;
-    on an AVX2-only CPU the reorder raises, so those layers stay plain `nn.Linear`.
+    Why: oneDNN packs bfloat16 weights only where bfloat16 is native; on an AVX2-only CPU the
+    reorder raises, so those layers stay plain `nn.Linear`.
     """
-    bf16_ok = getattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", lambda: False)()
-    if not can_pack_weights() or (linear.weight.dtype == torch.bfloat16 and not bf16_ok):
+    if not can_pack_weights() or (linear.weight.dtype == torch.bfloat16 and not native_bfloat16()):
         return linear
     return PackedLinear(linear)
 
