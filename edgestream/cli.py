@@ -1252,11 +1252,11 @@ def asr_lm_command(
 ) -> None:
     """Build a word n-gram language model (Kneser-Ney, ARPA) for beam search.
 
-    Without --text it learns from the train split of the task text that `asr synth` speaks
-    (never from dev or test sentences); with --text, from any UTF-8 text, normalised like
-    transcripts (lower case, numbers spelled out)."""
+    Without --text it learns from the train split of the task text that `asr synth` speaks,
+    sentences of every length (never a dev or test sentence); with --text, from any UTF-8
+    text, normalised like transcripts (lower case, numbers spelled out)."""
     from edgestream.asr.lm import train_ngram, write_arpa
-    from edgestream.asr.text import load_splits, text_sentences
+    from edgestream.asr.text import lm_sentences, text_sentences
 
     if out.exists():
         raise ValueError(f"{out} exists: choose another --out or remove it")
@@ -1264,7 +1264,7 @@ def asr_lm_command(
         cutoffs = tuple(int(c) for c in min_counts.split(","))
     except ValueError:
         raise ValueError(f"--min-counts must be integers, got {min_counts!r}") from None
-    sentences = text_sentences(text) if text is not None else list(load_splits(data).train)
+    sentences = text_sentences(text) if text is not None else lm_sentences(data)
     with stderr.status(f"counting {len(sentences)} sentences"):
         lm = train_ngram(sentences, order, cutoffs)
         write_arpa(lm, out)

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from edgestream.asr.text import (
     VOCAB,
+    lm_sentences,
     load_splits,
     normalize_sentence,
     resolve_data_dir,
@@ -172,3 +173,13 @@ def test_real_sentences_are_clean_distinct_and_split_disjointly() -> None:
         assert set(sentence) <= set(VOCAB) and 3 <= len(sentence.split()) <= 25
         assert split_of(sentence) in ("train", "dev", "test")
     assert all(split_of(s) == "test" for s in test)
+
+
+@needs_data
+def test_lm_sentences_widen_the_train_split_and_never_hold_dev_or_test() -> None:
+    sources = ("spider", "dialogsum")
+    splits, wide = load_splits(DATA, sources=sources), lm_sentences(DATA, sources=sources)
+    assert set(splits.train) < set(wide)
+    assert not set(wide) & (set(splits.dev) | set(splits.test))
+    lengths = [len(s.split()) for s in wide]
+    assert min(lengths) < 3 and max(lengths) > 25  # the lengths synth leaves out are in
