@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import csv
 import hashlib
+import itertools
 import json
 import re
 from collections.abc import Iterator
@@ -80,13 +81,24 @@ def xsum(llm: Path, split: str) -> Iterator[TaskPrompt]:
 
 
 def translation(llm: Path, split: str) -> Iterator[TaskPrompt]:
-    """German news sentences (MLSUM) to translate; the first two sentences of each article."""
+    """German news sentences (MLSUM) to translate; the first two sentences of each article.
+
+    MLSUM repeats a few articles under other indices, so a test prompt whose text also falls
+    on the train side is dropped (one of 402): a test prompt is never one that trained."""
+    prompts = {"train": [], "test": []}
     for i, row in enumerate(_bigbench(llm, "mlsum_de")):
         key = f"mlsum-{i}"
-        if _hash_split(key, split):
-            sentences = re.split(r"(?<=[.!?])\s+", row["input"].strip())
-            text = _clip(" ".join(sentences[:2]))
-            yield TaskPrompt("translation", key, f"Translate from German to English:\n\n{text}")
+        sentences = re.split(r"(?<=[.!?])\s+", row["input"].strip())
+        text = _clip(" ".join(sentences[:2]))
+        side = "test" if held_back(key) else "train"
+        prompts[side].append(
+            TaskPrompt("translation", key, f"Translate from German to English:\n\n{text}")
+        )
+    if split == "train":
+        yield from prompts["train"]
+    else:
+        trained = {p.prompt for p in prompts["train"]}
+        yield from (p for p in prompts["test"] if p.prompt not in trained)
 
 
 def qa(llm: Path, split: str) -> Iterator[TaskPrompt]:
@@ -198,16 +210,132 @@ _CHAT_TOPICS = (
     "learning a language",
     "time zones",
 )
+# A second wave: the kinds of request an assistant meets beyond explanations
+# (writing, role-play, advice, comparison, reasoning), over more topics. It comes after the
+# first in every split, so the first prompts of each split, which the task suite uses, stay.
+_MORE_CHAT_TEMPLATES = (
+    "Write a short story about {}.",
+    "Write an email to a friend telling them about {}.",
+    "Summarize the history of {} in one paragraph.",
+    "Imagine you are a tour guide. Introduce {} to a group of visitors.",
+    "What is a common misconception about {}, and what is the truth?",
+    "Compare {} with something similar and explain the main differences.",
+    "Give step-by-step advice to a beginner who wants to learn about {}.",
+    "List five questions a student might ask about {}, each with a short answer.",
+    "Describe {} to someone who has never heard of it.",
+    "Write a persuasive paragraph arguing that {} deserves more attention.",
+)
+_MORE_CHAT_TOPICS = (
+    "black holes",
+    "the printing press",
+    "vaccines",
+    "the Roman Empire",
+    "climate change",
+    "honeybees and pollination",
+    "the stock market",
+    "jazz",
+    "public transport",
+    "renewable energy",
+    "the human heart",
+    "dinosaurs",
+    "smartphones",
+    "the Great Wall of China",
+    "meditation",
+    "origami",
+    "earthquakes",
+    "the water cycle",
+    "ancient Egypt",
+    "artificial intelligence",
+    "healthy breakfast",
+    "volunteering",
+    "the Olympic Games",
+    "saving money",
+    "camping",
+    "the French Revolution",
+    "plate tectonics",
+    "coral reefs",
+    "video games",
+    "remote work",
+    "the periodic table",
+    "Shakespeare",
+    "electric guitars",
+    "rain forests",
+    "space travel",
+    "chocolate",
+    "the immune system",
+    "public speaking",
+    "board games",
+    "the Industrial Revolution",
+)
+# Small programming requests (the suite's own coding is SQL only).
+_CODING_TASKS = (
+    "reverses a string",
+    "checks whether a number is prime",
+    "returns the n-th Fibonacci number",
+    "counts the vowels in a sentence",
+    "finds the largest number in a list",
+    "removes duplicates from a list while keeping the order",
+    "checks whether a word is a palindrome",
+    "converts Celsius to Fahrenheit",
+    "merges two sorted lists",
+    "counts how often each word occurs in a text",
+    "computes the factorial of a number",
+    "sorts a list of names by their length",
+    "returns the sum of the digits of a number",
+    "checks whether two words are anagrams",
+    "flattens a list of lists",
+    "finds the second smallest number in a list",
+    "capitalizes the first letter of every word",
+    "computes the average of a list of numbers",
+    "tells whether a year is a leap year",
+    "converts a number to binary",
+    "finds the common elements of two lists",
+    "returns the longest word in a sentence",
+    "validates a simple email address",
+    "rotates a list by k positions",
+    "computes the greatest common divisor of two numbers",
+    "counts the lines in a text file",
+    "splits a list into chunks of size n",
+    "checks whether brackets in a string are balanced",
+    "returns the prime factors of a number",
+    "transposes a matrix given as a list of lists",
+)
+
+
+def _chat_requests() -> Iterator[tuple[str, str]]:
+    """(key, prompt) for every templated request, the original 180 first."""
+    for template in _CHAT_TEMPLATES:
+        for topic in _CHAT_TOPICS:
+            yield f"{template}|{topic}", template.format(topic)
+    for template in _CHAT_TEMPLATES:
+        for topic in _MORE_CHAT_TOPICS:
+            yield f"{template}|{topic}", template.format(topic)
+    for template in _MORE_CHAT_TEMPLATES:
+        for topic in _CHAT_TOPICS + _MORE_CHAT_TOPICS:
+            yield f"{template}|{topic}", template.format(topic)
+    for task in _CODING_TASKS:
+        yield f"code|{task}", f"Write a Python function that {task}, and explain how it works."
+
+
+def _open_questions(llm: Path, split: str) -> Iterator[TaskPrompt]:
+    """SQuAD questions asked without their context, as a user would ask an assistant. Only
+    questions the QA task never uses (it takes the first two per paragraph), split by article
+    as the QA task is, so no test article's questions train."""
+    data = json.loads((llm / "squad" / "squaddev_v1.1.json").read_text())["data"]
+    for article in data:
+        if not _hash_split(article["title"], split):
+            continue
+        for paragraph in article["paragraphs"]:
+            for qa_item in paragraph["qas"][2:3]:
+                yield TaskPrompt("chat", f"open-{qa_item['id']}", qa_item["question"])
 
 
 def chat(llm: Path, split: str) -> Iterator[TaskPrompt]:
-    """Open chat prompts from templates over topics (no data file needed)."""
-    del llm
-    for template in _CHAT_TEMPLATES:
-        for topic in _CHAT_TOPICS:
-            key = f"{template}|{topic}"
-            if _hash_split(key, split):
-                yield TaskPrompt("chat", key, template.format(topic))
+    """Open chat: templated requests over topics, then questions asked without context."""
+    for key, prompt in _chat_requests():
+        if _hash_split(key, split):
+            yield TaskPrompt("chat", key, prompt)
+    yield from _open_questions(llm, split)
 
 
 _READERS = {
@@ -223,25 +351,31 @@ _READERS = {
 
 
 def task_prompts(
-    category: str, split: str, data_dir: str | Path | None = None, limit: int | None = None
+    category: str,
+    split: str,
+    data_dir: str | Path | None = None,
+    limit: int | None = None,
+    skip: int = 0,
 ) -> list[TaskPrompt]:
-    """Prompts of one category and split, in a fixed order; at most `limit` of them."""
+    """Prompts of one category and split, in a fixed order: at most `limit` of them, after
+    the first `skip`."""
     if category not in _READERS:
         raise ValueError(f"unknown task {category!r}: expected one of {', '.join(CATEGORIES)}")
     if split not in SPLITS:
         raise ValueError(f"unknown split {split!r}: expected one of {', '.join(SPLITS)}")
+    if skip < 0:
+        raise ValueError(f"expected skip >= 0, got {skip}")
     llm = resolve_data_dir(data_dir) / "llm"
-    prompts = []
-    for item in _READERS[category](llm, split):
-        if limit is not None and len(prompts) >= limit:
-            break
-        prompts.append(item)
-    return prompts
+    stop = None if limit is None else skip + limit
+    return list(itertools.islice(_READERS[category](llm, split), skip, stop))
 
 
-def task_mix(split: str, per_category: int, data_dir: str | Path | None = None) -> list[TaskPrompt]:
-    """Up to `per_category` prompts of every category, categories interleaved."""
-    groups = [task_prompts(c, split, data_dir, per_category) for c in CATEGORIES]
+def task_mix(
+    split: str, per_category: int, data_dir: str | Path | None = None, skip: int = 0
+) -> list[TaskPrompt]:
+    """Up to `per_category` prompts of every category (after its first `skip`: the prompts a
+    mix of `skip` per category already held), categories interleaved."""
+    groups = [task_prompts(c, split, data_dir, per_category, skip) for c in CATEGORIES]
     mixed = []
     for i in range(max(len(g) for g in groups)):
         mixed.extend(g[i] for g in groups if i < len(g))
