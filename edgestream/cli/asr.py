@@ -1,0 +1,307 @@
+"""Speech commands: `transcribe`, `asr synth|lm`, `train asr` and `export asr`."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from edgestream.cli.common import (
+    BACKEND_HELP,
+    AsrModelName,
+    Beam,
+    ChunkMs,
+    LeftChunks,
+    LmName,
+    Rescore,
+    VadOption,
+    app,
+    asr_app,
+    export_app,
+    set_threads,
+    stderr,
+    streaming_options,
+    train_app,
+    user_errors,
+)
+
+
+@asr_app.command("synth")
+@user_errors
+def asr_synth_command(
+    out: Annotated[Path, typer.Option(help="Corpus folder (resumed if it exists).")],
+    hours: Annotated[float, typer.Option(help="Hours of audio to synthesise.")] = 1.0,
+    data: Annotated[Path | None, typer.Option(help="Shared data folder (sentence source).")] = None,
+    seed: Annotated[int, typer.Option(help="Random seed (the corpus is deterministic).")] = 0,
+    workers: Annotated[int, typer.Option(help="Parallel synthesis processes.")] = 2,
+    piper_fraction: Annotated[
+        float | None,
+        typer.Option(help="Share of train and dev hours spoken by piper [default: 0.25]."),
+    ] = None,
+    flite_fraction: Annotated[
+        float,
+        typer.Option(
+            help="Share of train and dev hours spoken by CMU Flite voices (needs the flite "
+            "command); above 0 the test set gains Flite groups."
+        ),
+    ] = 0.0,
+) -> None:
+    """Synthesise a speech corpus (16 kHz WAV + JSON Lines manifests) from TTS voices."""
+    from rich.progress import Progress
+
+    from edgestream.asr.synth import SynthConfig, synthesize_corpus
+
+    if hours <= 0:
+        raise ValueError(f"--hours must be positive, got {hours}")
+    shares = {"flite_fraction": flite_fraction}
+    if piper_fraction is not None:
+        shares["piper_fraction"] = piper_fraction
+    config = SynthConfig(**shares)
+    with Progress(console=stderr) as bar:
+        task = bar.add_task("synthesising", total=None)
+        summary = synthesize_corpus(
+            out,
+            hours,
+            data,
+            seed,
+            workers,
+            config,
+            progress=lambda done, total: bar.update(task, completed=done, total=total),
+        )
+    for split, groups in summary.seconds.items():
+        detail = ", ".join(f"{g} {sec / 3600:.2f} h" for g, sec in sorted(groups.items()))
+        stderr.print(f"{split}: {summary.manifests[split]} ({detail})")
+
+
+@asr_app.command("lm")
+@user_errors
+def asr_lm_command(
+    out: Annotated[Path, typer.Option(help="ARPA file to write (.arpa, or .arpa.gz compressed).")],
+    text: Annotated[
+        Path | None, typer.Option(help="Plain text to learn from (default: the task text).")
+    ] = None,
+    data: Annotated[Path | None, typer.Option(help="Shared data folder (sentence source).")] = None,
+    order: Annotated[int, typer.Option(help="n-gram order.")] = 3,
+    min_counts: Annotated[
+        str, typer.Option(help="Comma-separated count cut-off per order, lowest first.")
+    ] = "1,1,2",
+) -> None:
+    """Build a word n-gram language model (Kneser-Ney, ARPA) for beam search.
+
+    Without --text it learns from the train split of the task text that `asr synth` speaks,
+    sentences of every length (never a dev or test sentence); with --text, from any UTF-8
+    text, normalised like transcripts (lower case, numbers spelled out)."""
+    from edgestream.asr.lm import train_ngram, write_arpa
+    from edgestream.asr.text import lm_sentences, text_sentences
+
+    if out.exists():
+        raise ValueError(f"{out} exists: choose another --out or remove it")
+    try:
+        cutoffs = tuple(int(c) for c in min_counts.split(","))
+    except ValueError:
+        raise ValueError(f"--min-counts must be integers, got {min_counts!r}") from None
+    sentences = text_sentences(text) if text is not None else lm_sentences(data)
+    with stderr.status(f"counting {len(sentences)} sentences"):
+        lm = train_ngram(sentences, order, cutoffs)
+        write_arpa(lm, out)
+    stderr.print(f"wrote {out}: {lm.size} n-grams from {len(sentences)} sentences")
+
+
+@train_app.command("asr")
+@user_errors
+def train_asr_command(
+    manifest: Annotated[
+        list[Path],
+        typer.Option(help="Training manifest (JSON Lines); repeat it to train on several."),
+    ],
+    dev: Annotated[Path, typer.Option(help="Dev manifest: WER after every epoch.")],
+    out: Annotated[Path, typer.Option(help="Run folder (resumed if it holds a checkpoint).")],
+    config: Annotated[
+        Path | None, typer.Option(help="JSON with 'model' and/or 'train' settings to override.")
+    ] = None,
+    export: Annotated[Path | None, typer.Option(help="Also copy the final model here.")] = None,
+    init: Annotated[
+        str | None, typer.Option(help="Start from this model ('default' or a file).")
+    ] = None,
+) -> None:
+    """Train the streaming Conformer-CTC (also under torchrun --nproc_per_node=N)."""
+    import shutil
+    import time
+
+    from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+
+    from edgestream.asr.conformer import ConformerConfig
+    from edgestream.asr.model_io import resolve_model_path
+    from edgestream.asr.train import TrainConfig, train_asr
+    from edgestream.training import distributed_context
+
+    for path in (*manifest, dev):
+        if not path.is_file():
+            raise FileNotFoundError(f"expected a manifest at {path}, found none")
+    settings = json.loads(config.read_text("utf-8")) if config is not None else {}
+    unknown = set(settings) - {"model", "train"}
+    if unknown:
+        raise ValueError(f"--config: unknown sections {sorted(unknown)}; expected model, train")
+    try:
+        model_config = ConformerConfig(**settings.get("model", {}))
+        train_config = TrainConfig(**settings.get("train", {}))
+    except TypeError as error:  # an unknown setting name
+        raise ValueError(f"--config: {error}") from None
+    rank, world = distributed_context()
+    started = time.time()
+    columns = (
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TextColumn("{task.fields[info]}"),
+        TimeRemainingColumn(),
+    )
+    with Progress(*columns, console=stderr, disable=rank != 0) as bar:
+        task = bar.add_task("training", total=None, info="computing features")
+
+        def report(event: dict[str, float]) -> None:
+            if "dev_wer" in event:
+                bar.console.print(
+                    f"epoch {event['epoch']:.0f}: dev WER {event['dev_wer']:.2%}  "
+                    f"{time.time() - started:.0f} s"
+                )
+                return
+            if "averaged_dev_wer" in event:
+                bar.console.print(
+                    f"average of the last epochs: dev WER {event['averaged_dev_wer']:.2%}"
+                )
+                return
+            info = (
+                f"epoch {event['epoch'] + 1:.0f} loss/token {event['loss']:.3f} "
+                f"lr {event['lr']:.1e}"
+            )
+            bar.update(task, completed=event["step"], total=event["steps"], info=info)
+            if event["step"] % 50 == 0:  # a lasting record, also when stderr is a log file
+                bar.console.print(
+                    f"step {event['step']:.0f}/{event['steps']:.0f}  {info}  "
+                    f"{time.time() - started:.0f} s"
+                )
+
+        final = train_asr(
+            manifest,
+            dev,
+            out,
+            model_config,
+            train_config,
+            report,
+            init=None if init is None else resolve_model_path(init),
+        )
+    if rank == 0:
+        if export is not None:
+            shutil.copyfile(final, export)
+        stderr.print(f"model: {export or final} ({world} processes, {time.time() - started:.0f} s)")
+
+
+@app.command()
+def transcribe(
+    audio: Annotated[list[Path], typer.Argument(help="WAV, FLAC or OGG files, any rate.")],
+    model: Annotated[
+        str, typer.Option(help="'default' (bundled), a model file, or an exported .onnx file.")
+    ] = "default",
+    backend: Annotated[str, typer.Option(help=BACKEND_HELP)] = "auto",
+    chunk_ms: ChunkMs = 640,
+    left_chunks: LeftChunks = 4,
+    beam: Beam = None,
+    lm: LmName = "default",
+    rescore: Rescore = "none",
+    vad: VadOption = False,
+    stream: Annotated[bool, typer.Option(help="Print partial results as they come.")] = False,
+    threads: Annotated[int | None, typer.Option(help="CPU threads (default: PyTorch's).")] = None,
+    json_output: Annotated[bool, typer.Option("--json", help="JSON Lines output.")] = False,
+) -> None:
+    """Transcribe audio files with the streaming Conformer-CTC recognizer.
+
+    rtf = processing seconds / audio seconds; first_partial_ms = when the first words would
+    have appeared, had the audio arrived live."""
+    from edgestream.asr.backends import load_streaming_model, resolve_backend
+    from edgestream.asr.transcribe import transcribe_file
+
+    try:
+        if threads is not None and threads < 1:
+            raise ValueError(f"--threads must be at least 1, got {threads}")
+        if resolve_backend(model, backend) != "onnx":  # onnxruntime takes them per session
+            set_threads(threads)
+        asr = load_streaming_model(model, backend, threads)  # a bad model fails before an LLM loads
+        options = streaming_options(chunk_ms, left_chunks, beam, lm, vad, rescore)
+        asr.chunk_encoder(options.left_chunks * options.chunk_frames)  # settings it can run
+    except (ValueError, FileNotFoundError) as err:
+        print(f"error: {str(err).splitlines()[0]}", file=sys.stderr)
+        raise typer.Exit(2) from None
+    failed = False
+    for path in audio:  # a bad file is reported and skipped; the others are still transcribed
+
+        def show(partial: str, path: Path = path) -> None:
+            if json_output:
+                print(json.dumps({"audio": str(path), "partial": partial}), flush=True)
+            else:
+                sys.stderr.write(f"\r\x1b[K{partial[-150:]}")
+                sys.stderr.flush()
+
+        try:
+            result = transcribe_file(asr, path, options, show if stream else None)
+        except (ValueError, FileNotFoundError) as err:
+            print(f"error: {str(err).splitlines()[0]}", file=sys.stderr)
+            failed = True
+            continue
+        if stream and not json_output:
+            sys.stderr.write("\r\x1b[K")
+        for warning in result.warnings:
+            print(f"warning: {path}: {warning}", file=sys.stderr)
+        if json_output:
+            print(json.dumps(result.to_json()), flush=True)
+        else:
+            print(f"{path}: {result.text}" if len(audio) > 1 else result.text, flush=True)
+    if failed:
+        raise typer.Exit(2)
+
+
+@export_app.command("asr")
+@user_errors
+def export_asr_command(
+    out: Annotated[Path, typer.Option(help="Folder for the exported files.")],
+    model: AsrModelName = "default",
+    format_: Annotated[
+        str, typer.Option("--format", help="onnx (onnxruntime) or coreml (an .mlpackage).")
+    ] = "onnx",
+    chunk_ms: ChunkMs = 640,
+    left_chunks: LeftChunks = 4,
+    fp16: Annotated[bool, typer.Option("--fp16", help="Also a float16 model.")] = False,
+    int8: Annotated[bool, typer.Option("--int8", help="Also an int8 (dynamic) model.")] = False,
+) -> None:
+    """Export the streaming step (a chunk and its caches in, log-probs and caches out)."""
+    if format_ not in ("onnx", "coreml"):
+        raise ValueError(f"unknown format {format_!r}: expected onnx or coreml")
+    from edgestream.asr.export import export_onnx, max_step_difference
+    from edgestream.asr.model_io import load_model
+
+    options = streaming_options(chunk_ms, left_chunks, 0, "none")
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--out {out} exists and is not a folder")
+    asr = load_model(model)
+    if format_ == "coreml":
+        from edgestream.asr.coreml import export_coreml
+
+        if int8:
+            raise ValueError("--int8 is for ONNX; Core ML takes --fp16")
+        for precision in ("float32", *(["float16"] if fp16 else [])):
+            with stderr.status(f"converting ({precision})"):
+                path = export_coreml(asr, out, options, precision)
+            size = sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) / 2**20
+            print(f"{path}  {precision}, {size:.1f} MiB (running it needs macOS)")
+        return
+    precisions = ("float32", *(["float16"] if fp16 else []), *(["int8"] if int8 else []))
+    with stderr.status("exporting"):
+        written = export_onnx(asr, out, options, precisions)
+    for precision, path in written.items():
+        difference = max_step_difference(asr, path, options)
+        print(
+            f"{path}  {precision}, {path.stat().st_size / 2**20:.1f} MiB, "
+            f"max |log-prob - PyTorch| {difference:.2g}"
+        )

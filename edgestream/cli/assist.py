@@ -1,0 +1,157 @@
+"""The voice assistant: `assist` (a recording in, an answer out) and `serve` (the web app)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from edgestream.cli.common import (
+    ChunkMs,
+    LmName,
+    TextStreamer,
+    app,
+    quiet_libraries,
+    set_threads,
+    stderr,
+    streaming_options,
+    user_errors,
+)
+
+AssistRescore = Annotated[
+    bool,
+    typer.Option(help="Rescore the transcript's candidates with the answering model."),
+]
+
+
+@app.command()
+@user_errors
+def assist(
+    audio: Annotated[Path, typer.Argument(help="A spoken question: WAV, FLAC or OGG, any rate.")],
+    method: Annotated[str, typer.Option(help="Answer decoding: ss or ar.")] = "ss",
+    asr_model: Annotated[str, typer.Option(help="'default' or an ASR model file.")] = "default",
+    llm: Annotated[str, typer.Option(help="Model name (smollm2) or local path.")] = "smollm2",
+    streams: Annotated[
+        Path | None, typer.Option(help="Stream weights for --method ss (default: bundled).")
+    ] = None,
+    max_new_tokens: Annotated[int, typer.Option(help="Upper bound on answer tokens.")] = 128,
+    chunk_ms: ChunkMs = 640,
+    lm: LmName = "default",
+    rescore: AssistRescore = True,
+    compare: Annotated[
+        bool, typer.Option(help="Also decode the answer with ar: speedup and exact match.")
+    ] = True,
+    threads: Annotated[int | None, typer.Option(help="CPU threads (default: PyTorch's).")] = None,
+    json_output: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+) -> None:
+    """Transcribe a spoken question as a stream, then answer it with the language model."""
+    from edgestream.assist.pipeline import ANSWER_METHODS, Assistant, AssistantConfig
+
+    if method not in ANSWER_METHODS:
+        raise ValueError(f"unknown method {method!r}: expected one of {', '.join(ANSWER_METHODS)}")
+    if not audio.is_file():
+        raise FileNotFoundError(f"no such audio file: {audio}")
+    set_threads(threads)
+    quiet_libraries()
+    config = AssistantConfig(
+        asr_model=asr_model,
+        llm=llm,
+        streams_path=streams,
+        streaming=streaming_options(chunk_ms, 4, None, lm),
+        max_new_tokens=max_new_tokens,
+        rescore=rescore,
+    )
+    assistant = Assistant.load(config)
+
+    shown: list[str] = []
+
+    def show_partial(text: str) -> None:
+        sys.stderr.write(f"\r\x1b[K{text[-150:]}")
+        sys.stderr.flush()
+        shown.append(text)
+
+    transcript = assistant.transcribe(audio, None if json_output else show_partial)
+    if shown:  # clear the partial line before anything else is printed
+        sys.stderr.write("\r\x1b[K")
+    if not transcript.text.strip():
+        raise ValueError(f"no speech recognised in {audio}")
+    streamer = None if json_output else TextStreamer(assistant.lm.decode)
+    if streamer is not None:
+        print(f"you: {transcript.text}", flush=True)
+        sys.stdout.write("assistant: ")
+    answer = assistant.answer(transcript.text, method, streamer, compare=compare)
+    if json_output:
+        record = {"transcript": transcript.to_json(), "answer": answer.to_json()}
+        print(json.dumps(record, ensure_ascii=False))
+        return
+    assert streamer is not None
+    sys.stdout.write(answer.text[streamer.printed :] + "\n")
+    result = answer.result
+    stderr.print(
+        f"[dim]speech: {transcript.duration:.1f} s at RTF {transcript.rtf:.3f}; answer: "
+        f"{result.new_tokens} tokens, {result.tokens_per_second:.1f} tokens/s, "
+        f"{result.mean_accepted:.2f} tokens/pass ({method})[/dim]"
+    )
+    if answer.baseline is not None:
+        same = "identical" if answer.identical_to_ar else "DIFFERENT"
+        stderr.print(
+            f"[bold]ar {answer.baseline.tokens_per_second:.1f} tokens/s, {method} "
+            f"{result.tokens_per_second:.1f} tokens/s: {answer.speedup:.2f}x, output {same}[/bold]"
+        )
+
+
+@app.command()
+@user_errors
+def serve(
+    host: Annotated[str, typer.Option(help="Address to bind (loopback by default).")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="TCP port.")] = 8000,
+    token: Annotated[
+        str | None,
+        typer.Option(
+            envvar="EDGESTREAM_TOKEN",
+            help="Require this bearer token on every endpoint (or set EDGESTREAM_TOKEN).",
+        ),
+    ] = None,
+    asr_model: Annotated[str, typer.Option(help="'default' or an ASR model file.")] = "default",
+    llm: Annotated[str, typer.Option(help="Model name (smollm2) or local path.")] = "smollm2",
+    streams: Annotated[
+        Path | None, typer.Option(help="Stream weights for ss (default: bundled).")
+    ] = None,
+    max_new_tokens: Annotated[int, typer.Option(help="Default upper bound on answers.")] = 128,
+    max_streams: Annotated[int, typer.Option(help="Concurrent audio streams allowed.")] = 16,
+    lm: LmName = "default",
+    rescore: AssistRescore = True,
+    threads: Annotated[int | None, typer.Option(help="CPU threads (default: PyTorch's).")] = None,
+) -> None:
+    """Serve the voice assistant: a web page, streaming transcription and answers."""
+    from edgestream.assist.pipeline import Assistant, AssistantConfig
+    from edgestream.serve.app import ServerSettings, run_server
+
+    if not 0 < port < 65536:
+        raise ValueError(f"--port must be in 1..65535, got {port}")
+    if token is not None and not token.strip():
+        raise ValueError("--token is empty")
+    if max_streams < 1:
+        raise ValueError(f"--max-streams must be at least 1, got {max_streams}")
+
+    set_threads(threads)
+    quiet_libraries()
+    config = AssistantConfig(
+        asr_model=asr_model,
+        llm=llm,
+        streams_path=streams,
+        streaming=streaming_options(640, 4, None, lm),
+        max_new_tokens=max_new_tokens,
+        rescore=rescore,
+    )
+    assistant = Assistant.load(config)
+    methods = assistant.methods()  # loads the stream weights now, not on the first request
+    settings = ServerSettings(token=token, max_streams=max_streams)
+    page = f"http://{host}:{port}/" + ("?token=YOUR_TOKEN" if token else "")
+    stderr.print(f"answers with {', '.join(methods)}; open {page}")
+    if host not in ("127.0.0.1", "localhost", "::1") and token is None:
+        stderr.print("[bold]warning: listening beyond loopback without --token[/bold]")
+    run_server(assistant, settings, host, port)

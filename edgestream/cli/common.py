@@ -1,0 +1,289 @@
+"""What every command shares: the Typer apps, the error rule, options declared once, and
+loading helpers.
+
+Every command turns bad input (ValueError, FileNotFoundError from the library) into one line on
+stderr and exit code 2 (`user_errors`); tracebacks are for bugs only.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated, ParamSpec, TypeVar
+
+import typer
+from rich.console import Console
+
+P = ParamSpec("P")
+
+
+R = TypeVar("R")
+
+
+app = typer.Typer(
+    name="edgestream",
+    help="Fast, private, on-device transformer inference.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+
+
+bench_app = typer.Typer(help="Benchmarks that print ratios against a baseline run alongside.")
+
+
+app.add_typer(bench_app, name="bench")
+
+
+train_app = typer.Typer(help="Train the models edgestream ships (on this CPU).")
+
+
+app.add_typer(train_app, name="train")
+
+
+asr_app = typer.Typer(help="Speech recognition data and tools.")
+
+
+app.add_typer(asr_app, name="asr")
+
+
+numerics_app = typer.Typer(help="Low-precision numerics: pre-normalizers, float16-safe ops.")
+
+
+app.add_typer(numerics_app, name="numerics")
+
+
+export_app = typer.Typer(help="Export models for edge runtimes.")
+
+
+app.add_typer(export_app, name="export")
+
+
+stderr = Console(stderr=True, highlight=False)
+
+
+# = edgestream.llm.methods.METHODS (+ bench.spec.REFERENCE_METHODS), here so --help needs no torch
+METHODS = ("ar", "ss", "ss-pld", "pld", "medusa", "draft")
+
+
+BENCH_METHODS = (*METHODS, "hf-pld", "llamacpp")
+
+
+BACKEND_HELP = (
+    "torch, accelerator (the (B,C,1,S) graph), onnx (an exported .onnx model), coreml (an "
+    "exported .mlpackage, macOS only) or auto (by the model file's suffix)."
+)
+
+
+# Options that several commands share, declared once.
+ChunkMs = Annotated[int, typer.Option(help="Streaming chunk (multiple of 40 ms).")]
+
+
+LeftChunks = Annotated[int, typer.Option(help="Attention context, in chunks.")]
+
+
+LM_BEAM = 32  # beam width with a language model: dev WER 9.2% at 16, 8.9% at 32 (docs/asr.md)
+
+
+JsonReport = Annotated[Path | None, typer.Option("--json", help="Also write JSON here.")]
+
+
+AsrModelName = Annotated[str, typer.Option(help="'default' (bundled) or a model file.")]
+
+
+def user_errors(command: Callable[P, R]) -> Callable[P, R]:
+    """Report bad input as `error: ...` on stderr with exit code 2, without a traceback."""
+
+    @functools.wraps(command)
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+        try:
+            return command(*args, **kwargs)
+        except (ValueError, FileNotFoundError) as err:
+            message = str(err).splitlines()[0] if str(err) else type(err).__name__
+            print(f"error: {message}", file=sys.stderr)
+            raise typer.Exit(2) from None
+
+    return wrapper
+
+
+def quiet_libraries() -> None:
+    # transformers' progress bars and advice would drown our output; our errors say enough.
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+
+
+def set_threads(threads: int | None) -> None:
+    import torch
+
+    if threads is not None:
+        if threads < 1:
+            raise ValueError(f"--threads must be at least 1, got {threads}")
+        torch.set_num_threads(threads)
+
+
+class TextStreamer:
+    """Prints decoded text as tokens arrive, holding back incomplete UTF-8 characters."""
+
+    def __init__(self, decode: Callable[[list[int]], str]) -> None:
+        self.decode = decode
+        self.ids: list[int] = []
+        self.printed = 0
+
+    def __call__(self, token: int) -> None:
+        self.ids.append(token)
+        text = self.decode(self.ids)
+        if text.endswith("\ufffd"):
+            return
+        sys.stdout.write(text[self.printed :])
+        sys.stdout.flush()
+        self.printed = len(text)
+
+
+DraftModelPath = Annotated[
+    Path | None,
+    typer.Option(help="Draft model weights for --method draft (`edgestream train draft`)."),
+]
+
+
+MedusaHeadsPath = Annotated[
+    Path | None,
+    typer.Option(help="Medusa head weights for --method medusa (`edgestream train medusa`)."),
+]
+
+
+DraftDtype = Annotated[
+    str,
+    typer.Option(
+        help="Precision the streams and Medusa heads draft in: auto (bfloat16 under a float32 "
+        "model on CPUs with native bfloat16), float32 or bfloat16. The output does not change."
+    ),
+]
+
+
+AdapterPath = Annotated[
+    Path | None,
+    typer.Option(help="Fine-tuned adapter (`train streams --mode shared|lora`): merged first."),
+]
+
+
+def load_for_decoding(model: str, dtype: str, adapter: Path | None) -> tuple[object, object]:
+    """The language model, with an adapter's LoRA merged in when given, and the adapter's
+    streams (None without an adapter or for a next-token-only one)."""
+    from edgestream.llm.loading import load_language_model
+
+    if adapter is None:
+        return load_language_model(model, dtype), None
+    if not adapter.is_file():
+        raise ValueError(f"--adapter {str(adapter)!r}: no such file")
+    from edgestream.llm.shared import load_adapter
+
+    lm = load_language_model(model, dtype, pack=False)
+    streams, _ = load_adapter(adapter, lm)
+    return lm, streams
+
+
+def check_baseline_weights(methods: list[str], medusa: Path | None, draft: Path | None) -> None:
+    """Before any model loads: the Medusa and draft baselines ship no weights, so the user's
+    must be given and exist."""
+    for name, path, what in (("medusa", medusa, "heads"), ("draft", draft, "a draft model")):
+        if name in methods and path is None:
+            raise ValueError(
+                f"--method {name} needs {what}: train with `edgestream train {name}` "
+                f"and pass --{name} PATH"
+            )
+        if path is not None and not path.is_file():
+            raise ValueError(f"--{name} {str(path)!r}: no such file")
+
+
+def read_prompts(path: Path | None) -> list[str]:
+    from edgestream.bench.generate import DEFAULT_PROMPTS
+
+    if path is None:
+        return list(DEFAULT_PROMPTS)
+    if not path.is_file():
+        raise FileNotFoundError(f"prompts file {str(path)!r} does not exist")
+    prompts = [line.strip() for line in path.read_text().splitlines() if line.strip()]
+    if not prompts:
+        raise ValueError(f"prompts file {str(path)!r} has no prompts (one per line)")
+    return prompts
+
+
+LmName = Annotated[
+    str,
+    typer.Option(
+        "--lm",
+        help="Word LM for beam search: 'default' (bundled), 'none', or an ARPA file.",
+    ),
+]
+
+
+Beam = Annotated[
+    int | None,
+    typer.Option(
+        help="CTC prefix beam width; 0 decodes greedily, without the LM "
+        f"(default: {LM_BEAM} with an LM, else 0).",
+    ),
+]
+
+
+Rescore = Annotated[
+    str,
+    typer.Option(
+        help="Rescore each segment's best candidates with a language model: 'none', "
+        "'smollm2', or a model folder or GGUF file (loading it takes ~15 s and ~0.6 GB).",
+    ),
+]
+
+
+VadOption = Annotated[
+    bool,
+    typer.Option(help="End segments on Silero VAD's silence instead of CTC blanks (silero-vad)."),
+]
+
+
+def streaming_options(
+    chunk_ms: int,
+    left_chunks: int,
+    beam: int | None,
+    lm: str,
+    vad: bool = False,
+    rescore: str = "none",
+) -> object:
+    from edgestream.asr.lm import load_lm
+    from edgestream.asr.streaming import StreamingOptions
+    from edgestream.asr.vad import SileroVad
+
+    if beam == 0:
+        lm = "none"
+        if rescore != "none":
+            raise ValueError("--rescore needs beam search's candidates: drop --beam 0")
+    language_model = load_lm(lm)
+    if beam is None:
+        beam = LM_BEAM if language_model is not None or rescore != "none" else 0
+    options = StreamingOptions(
+        chunk_ms=chunk_ms,
+        left_chunks=left_chunks,
+        beam=beam,
+        lm=language_model,
+        vad=SileroVad() if vad else None,
+    )
+    if rescore == "none":
+        return options
+    from dataclasses import replace
+
+    from edgestream.assist.rescore import load_rescorer
+
+    return replace(options, rescorer=load_rescorer(rescore))
+
+
+def show_report(table: object, report: object, json_path: Path | None) -> None:
+    """Print a benchmark's table; write its report as JSON too when asked."""
+    Console().print(table)
+    if json_path is not None:
+        json_path.write_text(json.dumps(report, indent=1) + "\n", "utf-8")
+        stderr.print(f"wrote {json_path}")
