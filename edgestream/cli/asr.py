@@ -25,6 +25,7 @@ from edgestream.cli.common import (
     stderr,
     streaming_options,
     train_app,
+    training_bar,
     user_errors,
 )
 
@@ -131,8 +132,6 @@ def train_asr_command(
     import shutil
     import time
 
-    from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
-
     from edgestream.asr.conformer import ConformerConfig
     from edgestream.asr.model_io import resolve_model_path
     from edgestream.asr.train import TrainConfig, train_asr
@@ -152,13 +151,7 @@ def train_asr_command(
         raise ValueError(f"--config: {error}") from None
     rank, world = distributed_context()
     started = time.time()
-    columns = (
-        TextColumn("{task.description}"),
-        BarColumn(),
-        TextColumn("{task.fields[info]}"),
-        TimeRemainingColumn(),
-    )
-    with Progress(*columns, console=stderr, disable=rank != 0) as bar:
+    with training_bar(rank) as bar:
         task = bar.add_task("training", total=None, info="computing features")
 
         def report(event: dict[str, float]) -> None:

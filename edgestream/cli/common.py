@@ -287,3 +287,16 @@ def show_report(table: object, report: object, json_path: Path | None) -> None:
     if json_path is not None:
         json_path.write_text(json.dumps(report, indent=1) + "\n", "utf-8")
         stderr.print(f"wrote {json_path}")
+
+
+def training_bar(rank: int) -> object:
+    """The progress display of every training command: shown on rank 0 only."""
+    from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+
+    columns = (
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TextColumn("{task.fields[info]}"),
+        TimeRemainingColumn(),
+    )
+    return Progress(*columns, console=stderr, disable=rank != 0)

@@ -26,6 +26,7 @@ from edgestream.cli.common import (
     set_threads,
     stderr,
     train_app,
+    training_bar,
     user_errors,
 )
 
@@ -200,15 +201,7 @@ def _training_progress(
     steps a lasting line too, for logs."""
     import time
 
-    from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
-
-    columns = (
-        TextColumn("{task.description}"),
-        BarColumn(),
-        TextColumn("{task.fields[info]}"),
-        TimeRemainingColumn(),
-    )
-    with Progress(*columns, console=stderr, disable=rank != 0) as bar:
+    with training_bar(rank) as bar:
         task = None
 
         def report(step: int, loss: float, accuracy: list[float]) -> None:
