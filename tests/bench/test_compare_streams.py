@@ -1,0 +1,65 @@
+"""Comparing stream files in one run: every arm present, lossless, bad input refused."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from edgestream.bench.compare_streams import main
+from edgestream.llm.loading import load_language_model
+from edgestream.llm.msa import SpeculativeStreams, StreamConfig, save_streams
+
+
+@pytest.fixture()
+def two_stream_files(tiny_model_dir: Path, tmp_path: Path) -> list[Path]:
+    lm = load_language_model(str(tiny_model_dir))
+    files = []
+    for seed in (0, 1):
+        torch.manual_seed(seed)
+        streams = SpeculativeStreams(lm.model.config, StreamConfig(3, 2, 4, draft_vocab_size=0))
+        files.append(tmp_path / f"streams-{seed}.safetensors")
+        save_streams(streams, files[-1], {})
+    return files
+
+
+def test_every_file_gets_both_arms_and_all_match_ar(
+    tiny_model_dir: Path, two_stream_files: list[Path], tmp_path: Path
+) -> None:
+    questions = tmp_path / "q.jsonl"
+    questions.write_text(json.dumps({"question_id": 1, "category": "c", "turns": ["a b a b"]}))
+    out = tmp_path / "report.json"
+    argv = [*map(str, two_stream_files), "--labels", "old,new", "--model", str(tiny_model_dir)]
+    main(
+        [
+            *argv,
+            "--suite-limit",
+            "0",
+            "--prompts",
+            str(questions),
+            "--max-new-tokens",
+            "10",
+            "--threads",
+            "1",
+            "--json",
+            str(out),
+        ]
+    )
+    methods = json.loads(out.read_text())["methods"]
+    assert list(methods) == ["ar", "pld", "ss@old", "ss-pld@old", "ss@new", "ss-pld@new"]
+    assert all(m["overall"]["exact_match_vs_ar"] == 1.0 for m in methods.values())
+
+
+def test_missing_file_and_clashing_labels_are_refused(
+    two_stream_files: list[Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    for argv in (
+        [str(two_stream_files[0]), str(tmp_path / "absent.safetensors")],
+        [*map(str, two_stream_files), "--labels", "same,same"],
+    ):
+        with pytest.raises(SystemExit) as exit_info:
+            main(argv)
+        assert exit_info.value.code == 2
+        assert capsys.readouterr().err.startswith("error: ")
