@@ -21,19 +21,17 @@ from pathlib import Path
 import torch
 
 from edgestream.bench.spec import BenchPrompt, bench_spec, read_spec_prompts, task_suite
-from edgestream.llm.loading import LanguageModel, load_language_model
+from edgestream.llm.loading import DTYPES, LanguageModel, load_language_model
 from edgestream.llm.methods import Decoder, MethodOptions, make_decoder
 
 STREAM_METHODS = ("ss", "ss-pld")
 
 
-def stream_arms(
-    lm: LanguageModel, files: dict[str, Path], draft_dtype: str = "auto"
-) -> dict[str, Decoder]:
+def stream_arms(lm: LanguageModel, files: dict[str, Path]) -> dict[str, Decoder]:
     """`ar` and `pld`, then `ss@label` and `ss-pld@label` for every labelled stream file."""
     decoders = {"ar": make_decoder("ar", lm), "pld": make_decoder("pld", lm)}
     for label, path in files.items():
-        options = MethodOptions(streams_path=path, draft_dtype=draft_dtype)
+        options = MethodOptions(streams_path=path)
         for method in STREAM_METHODS:
             decoders[f"{method}@{label}"] = make_decoder(method, lm, options)
     return decoders
@@ -44,7 +42,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("streams", nargs="+", type=Path, help="stream weight files")
     parser.add_argument("--labels", help="comma-separated arm labels (default: file stems)")
     parser.add_argument("--model", default="smollm2")
-    parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
+    parser.add_argument("--dtype", default="float32", choices=tuple(DTYPES))
     parser.add_argument("--suite-limit", type=int, default=3, help="task-suite prompts per task")
     parser.add_argument(
         "--prompts", type=Path, help="a Spec-Bench question file, run after the suite"
