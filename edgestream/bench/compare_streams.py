@@ -6,7 +6,7 @@ Comparing stream files in separate `bench spec` runs compares machine loads as m
 them alike:
 
     python -m edgestream.bench.compare_streams OLD.safetensors NEW.safetensors \\
-        --suite-limit 3 --prompts chat-probe.jsonl --json docs/bench-spec-streams-run4.json
+        --suite-limit 3 --chat-probe 8 --json docs/bench-spec-streams-run4.json
 
 Arms are named `ss@LABEL` and `ss-pld@LABEL`, LABEL being each file's stem (or `--labels`).
 """
@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from edgestream.bench.spec import BenchPrompt, bench_spec, read_spec_prompts, task_suite
+from edgestream.bench.spec import BenchPrompt, bench_spec, chat_probe, read_spec_prompts, task_suite
 from edgestream.llm.loading import DTYPES, LanguageModel, load_language_model
 from edgestream.llm.methods import Decoder, MethodOptions, make_decoder
 
@@ -45,9 +45,12 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--dtype", default="float32", choices=tuple(DTYPES))
     parser.add_argument("--suite-limit", type=int, default=3, help="task-suite prompts per task")
     parser.add_argument(
-        "--prompts", type=Path, help="a Spec-Bench question file, run after the suite"
+        "--chat-probe", type=int, default=0, help="chat-probe prompts per kind (8: all 21)"
     )
-    parser.add_argument("--data", type=Path, help="shared data folder (task suite)")
+    parser.add_argument(
+        "--prompts", type=Path, help="a Spec-Bench question file, run after the suites"
+    )
+    parser.add_argument("--data", type=Path, help="shared data folder (the suites)")
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--json", type=Path, help="write the report here")
@@ -68,15 +71,19 @@ def main(argv: list[str] | None = None) -> None:
     args = _parser().parse_args(argv)
     try:
         files = _labelled(args.streams, args.labels)
-        torch.set_num_threads(args.threads)
-        lm = load_language_model(args.model, args.dtype)
+        if args.suite_limit < 0 or args.chat_probe < 0:
+            raise ValueError("--suite-limit and --chat-probe must not be negative")
         prompts: list[BenchPrompt] = (
             task_suite(args.suite_limit, args.data) if args.suite_limit else []
         )
+        if args.chat_probe:
+            prompts += chat_probe(args.data, args.chat_probe)
         if args.prompts is not None:
             prompts += read_spec_prompts(args.prompts)
         if not prompts:
-            raise ValueError("no prompts: give --suite-limit > 0 or --prompts FILE")
+            raise ValueError("no prompts: give --suite-limit > 0, --chat-probe > 0 or --prompts")
+        torch.set_num_threads(args.threads)
+        lm = load_language_model(args.model, args.dtype)
         decoders = stream_arms(lm, files)
     except (ValueError, FileNotFoundError) as err:
         print(f"error: {err}", file=sys.stderr)

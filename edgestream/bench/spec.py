@@ -68,6 +68,33 @@ def task_suite(limit: int, data_dir: str | Path | None = None) -> list[BenchProm
     ]
 
 
+CHAT_PROBE_KINDS = ("request", "coding", "open-question")
+
+
+def chat_probe(data_dir: str | Path | None = None, per_kind: int = 8) -> list[BenchPrompt]:
+    """Held-back chat prompts of the kinds the task suite's first few lack: up to `per_kind`
+    each of request templates beyond the suite's (index 8 on), coding requests and questions
+    asked without their context, evenly spaced. Built from the data, not shipped, because
+    SQuAD's questions may not be redistributed here."""
+    if per_kind < 1:
+        raise ValueError(f"expected at least one chat-probe prompt per kind, got {per_kind}")
+    test = task_prompts("chat", "test", data_dir)
+    kinds = {
+        "request": [p for p in test[8:] if "|" in p.key and not p.key.startswith("code|")],
+        "coding": [p for p in test if p.key.startswith("code|")],
+        "open-question": [p for p in test if p.key.startswith("open-")],
+    }
+    probe = []
+    for kind in CHAT_PROBE_KINDS:
+        items = kinds[kind]
+        for p in items[:: max(1, len(items) // per_kind)][:per_kind]:
+            probe.append(BenchPrompt(str(len(probe) + 1), kind, (p.prompt,)))
+    return probe
+
+
+SUITES = {"tasks": task_suite, "chat-probe": lambda limit, data: chat_probe(data, limit)}
+
+
 @dataclass
 class Tally:
     new_tokens: int = 0

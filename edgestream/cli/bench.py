@@ -118,13 +118,21 @@ def bench_spec_command(
     prompts: Annotated[
         Path | None, typer.Option(help="Spec-Bench question file (JSON Lines).")
     ] = None,
-    suite: Annotated[str | None, typer.Option(help="'tasks': held-back task test prompts.")] = None,
+    suite: Annotated[
+        str | None,
+        typer.Option(
+            help="'tasks': held-back test prompts of every task; 'chat-probe': held-back chat "
+            "requests, coding requests and context-free questions."
+        ),
+    ] = None,
     methods: Annotated[
         str, typer.Option(help="Comma-separated methods; ar is always run.")
     ] = "ar,ss",
     model: Annotated[str, typer.Option(help="Model name (smollm2) or local path.")] = "smollm2",
     max_new_tokens: Annotated[int, typer.Option(help="Upper bound on new tokens per turn.")] = 128,
-    limit: Annotated[int, typer.Option(help="Prompts per category (suite) or in all (file).")] = 10,
+    limit: Annotated[
+        int, typer.Option(help="Prompts per category or kind (suite) or in all (file).")
+    ] = 10,
     dtype: Annotated[str, typer.Option(help="float32 or bfloat16.")] = "float32",
     threads: Annotated[int, typer.Option(help="CPU threads.")] = 2,
     temperature: Annotated[
@@ -153,9 +161,7 @@ def bench_spec_command(
         bool,
         typer.Option(help="Also measure each method's peak memory in a process of its own."),
     ] = True,
-    data: Annotated[
-        Path | None, typer.Option(help="Shared data folder (for --suite tasks).")
-    ] = None,
+    data: Annotated[Path | None, typer.Option(help="Shared data folder (for --suite).")] = None,
     json_path: JsonReport = None,
 ) -> None:
     """Speculative decoding methods vs AR: speedup, accepted tokens, exact match, per category."""
@@ -166,11 +172,11 @@ def bench_spec_command(
     from edgestream.bench.spec import (
         LLAMACPP_INSTALL,
         REFERENCE_METHODS,
+        SUITES,
         bench_spec,
         llamacpp_available,
         method_peak_memory,
         read_spec_prompts,
-        task_suite,
     )
     from edgestream.llm.engine import Sampling
     from edgestream.llm.loading import parse_dtype
@@ -180,12 +186,12 @@ def bench_spec_command(
     check_baseline_weights(names, medusa, draft)
     drafting = drafting_dtype(draft_dtype, parse_dtype(dtype))
     if (prompts is None) == (suite is None):
-        raise ValueError("give exactly one of --prompts FILE or --suite tasks")
-    if suite is not None and suite != "tasks":
-        raise ValueError(f"unknown suite {suite!r}: expected 'tasks'")
+        raise ValueError(f"give exactly one of --prompts FILE or --suite {{{','.join(SUITES)}}}")
+    if suite is not None and suite not in SUITES:
+        raise ValueError(f"unknown suite {suite!r}: expected one of {', '.join(SUITES)}")
     if limit < 1 or max_new_tokens < 1:
         raise ValueError("--limit and --max-new-tokens must be at least 1")
-    questions = read_spec_prompts(prompts)[:limit] if prompts else task_suite(limit, data)
+    questions = read_spec_prompts(prompts)[:limit] if prompts else SUITES[suite](limit, data)
     set_threads(threads)
     quiet_libraries()
     lm, adapter_streams = load_for_decoding(model, dtype, adapter)

@@ -52,12 +52,13 @@ def test_every_file_gets_both_arms_and_all_match_ar(
     assert all(m["overall"]["exact_match_vs_ar"] == 1.0 for m in methods.values())
 
 
-def test_missing_file_and_clashing_labels_are_refused(
+def test_missing_file_clashing_labels_and_negative_counts_are_refused(
     two_stream_files: list[Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     for argv in (
         [str(two_stream_files[0]), str(tmp_path / "absent.safetensors")],
         [*map(str, two_stream_files), "--labels", "same,same"],
+        [*map(str, two_stream_files), "--chat-probe", "-1"],
     ):
         with pytest.raises(SystemExit) as exit_info:
             main(argv)

@@ -123,6 +123,14 @@ def test_cli_writes_the_json_it_promises(
         assert 0 < alone <= report["setup"]["peak_memory_mib"] * 1.5
 
 
+def test_an_unknown_suite_is_named_in_a_one_line_error(tiny_model_dir: Path) -> None:
+    argv = ["bench", "spec", "--suite", "everything", "--model", str(tiny_model_dir)]
+    result = CliRunner().invoke(app, argv)
+    assert result.exit_code == 2
+    assert "unknown suite 'everything'" in result.output
+    assert "chat-probe" in result.output and "Traceback" not in result.output
+
+
 @pytest.mark.parametrize(
     ("line", "message"),
     [

@@ -79,3 +79,21 @@ def test_skipping_gives_what_a_larger_mix_adds() -> None:
 def test_a_negative_skip_is_refused() -> None:
     with pytest.raises(ValueError, match="skip >= 0"):
         task_prompts("chat", "train", DATA, skip=-1)
+
+
+@needs_data
+def test_the_chat_probe_is_held_back_and_unchanged() -> None:
+    from edgestream.bench.spec import CHAT_PROBE_KINDS, chat_probe
+
+    probe = chat_probe(DATA, per_kind=8)
+    # Published chat-probe results (docs/bench-spec-streams-run4.json) were made on these.
+    assert len(probe) == 21
+    assert [p.category for p in probe] == ["request"] * 8 + ["coding"] * 5 + ["open-question"] * 8
+    assert probe[0].turns == ("Give me three interesting facts about bees.",)
+    assert set(CHAT_PROBE_KINDS) == {p.category for p in probe}
+    texts = {p.turns[0] for p in probe}
+    train = {p.prompt for p in task_prompts("chat", "train", DATA)}
+    suite = {p.prompt for p in task_prompts("chat", "test", DATA, limit=8)}
+    assert len(texts) == 21 and not texts & train and not texts & suite
+    with pytest.raises(ValueError, match="at least one"):
+        chat_probe(DATA, per_kind=0)
