@@ -63,6 +63,22 @@ def test_generate_streams_text_then_stats(tiny_model_dir: Path) -> None:
     assert "tokens/s" in result.stderr
 
 
+def test_the_tree_options_reach_the_decoder(tiny_model_dir: Path, tiny_streams: Path) -> None:
+    def generate(*tree: str) -> dict[str, object]:
+        argv = ["generate", "the quick brown fox", "--model", str(tiny_model_dir), "--no-chat"]
+        argv += ["--method", "ss", "--streams", str(tiny_streams), "--max-new-tokens", "12"]
+        result = runner.invoke(app, [*argv, "--json", "--compare", *tree])
+        assert result.exit_code == 0, result.output
+        return json.loads(result.stdout)
+
+    # A one-node tree is the root alone: one token per pass, as AR. A chain of one candidate
+    # per depth verifies several, and neither changes a token.
+    root_only = generate("--tree-nodes", "1")
+    assert root_only["mean_accepted"] == 1.0 and root_only["exact_match_vs_ar"] is True
+    chain = generate("--tree-nodes", "4", "--tree-top-k", "1,1,1")
+    assert chain["exact_match_vs_ar"] is True
+
+
 def _bad_input_cases(tiny: Path, tmp: Path) -> list[tuple[list[str], str]]:
     bert = tmp / "bert"
     bert.mkdir()
@@ -80,6 +96,9 @@ def _bad_input_cases(tiny: Path, tmp: Path) -> list[tuple[list[str], str]]:
         (["generate", "hi", "--dtype", "float16"], "unknown dtype 'float16'"),
         (["generate", "hi", "--draft-dtype", "int8"], "unknown draft dtype 'int8'"),
         (["generate", "hi", "--temperature", "-1"], "temperature must be >= 0"),
+        (["generate", "hi", "--tree-nodes", "0"], "--tree-nodes / --tree-top-k: max_nodes"),
+        (["generate", "hi", "--tree-top-k", "4,x"], "--tree-top-k expects integers"),
+        (["generate", "hi", "--tree-top-k", "4,0"], "each >= 1"),
         (["generate", long_prompt, "--model", str(tiny), "--no-chat"], "model's context is 96"),
     ]
 

@@ -8,7 +8,8 @@ them alike:
     python -m edgestream.bench.compare_streams OLD.safetensors NEW.safetensors \\
         --suite-limit 3 --chat-probe 8 --json docs/bench-spec-streams-run4.json
 
-Arms are named `ss@LABEL` and `ss-pld@LABEL`, LABEL being each file's stem (or `--labels`).
+Arms are named `ss@LABEL` and `ss-pld@LABEL`, LABEL being each file's stem (or `--labels`);
+`--tree-nodes 8,12` gives every file a pair of arms per draft tree size (`ss@LABEL/n12`).
 """
 
 from __future__ import annotations
@@ -23,17 +24,25 @@ import torch
 from edgestream.bench.spec import BenchPrompt, bench_spec, chat_probe, read_spec_prompts, task_suite
 from edgestream.llm.loading import DTYPES, LanguageModel, load_language_model
 from edgestream.llm.methods import Decoder, MethodOptions, make_decoder
+from edgestream.llm.tree import TreeShape
 
 STREAM_METHODS = ("ss", "ss-pld")
 
 
-def stream_arms(lm: LanguageModel, files: dict[str, Path]) -> dict[str, Decoder]:
-    """`ar` and `pld`, then `ss@label` and `ss-pld@label` for every labelled stream file."""
+def stream_arms(
+    lm: LanguageModel, files: dict[str, Path], tree_nodes: tuple[int, ...] = ()
+) -> dict[str, Decoder]:
+    """`ar` and `pld`, then `ss@label` and `ss-pld@label` for every labelled stream file; with
+    several `tree_nodes`, one pair per tree size, named `ss@label/nN`."""
     decoders = {"ar": make_decoder("ar", lm), "pld": make_decoder("pld", lm)}
+    sizes: tuple[int | None, ...] = tree_nodes or (None,)
     for label, path in files.items():
-        options = MethodOptions(streams_path=path)
-        for method in STREAM_METHODS:
-            decoders[f"{method}@{label}"] = make_decoder(method, lm, options)
+        for nodes in sizes:
+            tree = TreeShape() if nodes is None else TreeShape(max_nodes=nodes)
+            options = MethodOptions(streams_path=path, tree=tree)
+            suffix = f"/n{nodes}" if len(sizes) > 1 else ""
+            for method in STREAM_METHODS:
+                decoders[f"{method}@{label}{suffix}"] = make_decoder(method, lm, options)
     return decoders
 
 
@@ -51,6 +60,9 @@ def _parser() -> argparse.ArgumentParser:
         "--prompts", type=Path, help="a Spec-Bench question file, run after the suites"
     )
     parser.add_argument("--data", type=Path, help="shared data folder (the suites)")
+    parser.add_argument(
+        "--tree-nodes", help="comma-separated draft tree sizes, an arm pair each (default: 8)"
+    )
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--json", type=Path, help="write the report here")
@@ -67,10 +79,23 @@ def _labelled(files: list[Path], labels: str | None) -> dict[str, Path]:
     return dict(zip(names, files, strict=True))
 
 
+def _tree_sizes(text: str | None) -> tuple[int, ...]:
+    if text is None:
+        return ()
+    try:
+        sizes = tuple(int(n) for n in text.split(","))
+    except ValueError:
+        raise ValueError(f"--tree-nodes expects integers like 8,12, got {text!r}") from None
+    if min(sizes) < 1 or len(set(sizes)) != len(sizes):
+        raise ValueError(f"--tree-nodes expects distinct sizes >= 1, got {text!r}")
+    return sizes
+
+
 def main(argv: list[str] | None = None) -> None:
     args = _parser().parse_args(argv)
     try:
         files = _labelled(args.streams, args.labels)
+        tree_nodes = _tree_sizes(args.tree_nodes)
         if args.suite_limit < 0 or args.chat_probe < 0:
             raise ValueError("--suite-limit and --chat-probe must not be negative")
         prompts: list[BenchPrompt] = (
@@ -84,7 +109,7 @@ def main(argv: list[str] | None = None) -> None:
             raise ValueError("no prompts: give --suite-limit > 0, --chat-probe > 0 or --prompts")
         torch.set_num_threads(args.threads)
         lm = load_language_model(args.model, args.dtype)
-        decoders = stream_arms(lm, files)
+        decoders = stream_arms(lm, files, tree_nodes)
     except (ValueError, FileNotFoundError) as err:
         print(f"error: {err}", file=sys.stderr)
         sys.exit(2)

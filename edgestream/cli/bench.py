@@ -25,6 +25,8 @@ from edgestream.cli.common import (
     LmName,
     MedusaHeadsPath,
     Rescore,
+    TreeNodes,
+    TreeTopK,
     VadOption,
     bench_app,
     check_baseline_weights,
@@ -35,6 +37,7 @@ from edgestream.cli.common import (
     show_report,
     stderr,
     streaming_options,
+    tree_shape,
     user_errors,
 )
 
@@ -145,6 +148,8 @@ def bench_spec_command(
     draft: DraftModelPath = None,
     adapter: AdapterPath = None,
     draft_dtype: DraftDtype = "auto",
+    tree_nodes: TreeNodes = None,
+    tree_top_k: TreeTopK = None,
     draft_tokens: Annotated[int, typer.Option(help="Tokens drafted per pass (draft).")] = 4,
     pld_tokens: Annotated[int, typer.Option(help="Longest prompt-lookup draft (pld).")] = 10,
     lookup_tokens: Annotated[
@@ -185,6 +190,7 @@ def bench_spec_command(
     names = _split_methods(methods)
     check_baseline_weights(names, medusa, draft)
     drafting = drafting_dtype(draft_dtype, parse_dtype(dtype))
+    tree = tree_shape(tree_nodes, tree_top_k)
     if (prompts is None) == (suite is None):
         raise ValueError(f"give exactly one of --prompts FILE or --suite {{{','.join(SUITES)}}}")
     if suite is not None and suite not in SUITES:
@@ -221,6 +227,7 @@ def bench_spec_command(
         lookup_tokens=lookup_tokens,
         lookup_alone_ngram=lookup_alone_ngram,
         draft_dtype=draft_dtype,
+        tree=tree,
     )
     if "llamacpp" in names and not llamacpp_available():
         stderr.print(
@@ -258,7 +265,8 @@ def bench_spec_command(
     }
     if memory:
         generate_options = ["--model", model, "--dtype", dtype, "--threads", str(threads)]
-        generate_options += ["--draft-dtype", draft_dtype]
+        generate_options += ["--draft-dtype", draft_dtype, "--tree-nodes", str(tree.max_nodes)]
+        generate_options += ["--tree-top-k", ",".join(map(str, tree.top_k))]
         weights = {"--streams": streams, "--medusa": medusa, "--draft": draft, "--adapter": adapter}
         for flag, path in weights.items():
             if path is not None:

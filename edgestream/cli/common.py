@@ -12,10 +12,13 @@ import json
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Annotated, ParamSpec, TypeVar
 
 import typer
 from rich.console import Console
+
+if TYPE_CHECKING:
+    from edgestream.llm.tree import TreeShape
 
 P = ParamSpec("P")
 
@@ -163,6 +166,38 @@ DraftDtype = Annotated[
         "model on CPUs with native bfloat16), float32 or bfloat16. The output does not change."
     ),
 ]
+
+
+TreeNodes = Annotated[
+    int | None,
+    typer.Option(help="Draft tree size, root included (ss, ss-pld, medusa; default 8)."),
+]
+
+
+TreeTopK = Annotated[
+    str | None,
+    typer.Option(
+        help="Candidates per draft depth, comma-separated; the count sets the depth "
+        "(ss, ss-pld, medusa; default 4,3,2,1)."
+    ),
+]
+
+
+def tree_shape(nodes: int | None, top_k: str | None) -> TreeShape:
+    """The draft tree from --tree-nodes and --tree-top-k; defaults where not given."""
+    from edgestream.llm.tree import TreeShape
+
+    default = TreeShape()
+    ks = default.top_k
+    if top_k is not None:
+        try:
+            ks = tuple(int(k) for k in top_k.split(","))
+        except ValueError:
+            raise ValueError(f"--tree-top-k expects integers like 4,3,2,1, got {top_k!r}") from None
+    try:
+        return TreeShape(top_k=ks, max_nodes=default.max_nodes if nodes is None else nodes)
+    except ValueError as err:
+        raise ValueError(f"--tree-nodes / --tree-top-k: {err}") from None
 
 
 AdapterPath = Annotated[

@@ -18,6 +18,8 @@ from edgestream.cli.common import (
     DraftModelPath,
     MedusaHeadsPath,
     TextStreamer,
+    TreeNodes,
+    TreeTopK,
     app,
     check_baseline_weights,
     load_for_decoding,
@@ -27,6 +29,7 @@ from edgestream.cli.common import (
     stderr,
     train_app,
     training_bar,
+    tree_shape,
     user_errors,
 )
 
@@ -56,6 +59,8 @@ def generate(
     draft: DraftModelPath = None,
     adapter: AdapterPath = None,
     draft_dtype: DraftDtype = "auto",
+    tree_nodes: TreeNodes = None,
+    tree_top_k: TreeTopK = None,
     compare: Annotated[
         bool, typer.Option(help="Also decode with ar and report the speedup and exact match.")
     ] = False,
@@ -75,6 +80,7 @@ def generate(
     if max_new_tokens < 1:
         raise ValueError(f"--max-new-tokens must be at least 1, got {max_new_tokens}")
     drafting_dtype(draft_dtype, parse_dtype(dtype))
+    tree = tree_shape(tree_nodes, tree_top_k)
     sampling = Sampling(temperature=temperature, top_p=top_p, seed=seed)
     set_threads(threads)
     quiet_libraries()
@@ -87,6 +93,7 @@ def generate(
         medusa_path=medusa,
         draft_path=draft,
         draft_dtype=draft_dtype,
+        tree=tree,
     )
     decode = make_decoder(method, lm, options)
     prompt_ids = lm.encode_prompt(prompt, chat)

@@ -106,6 +106,10 @@ def test_cli_writes_the_json_it_promises(
             "1",
             "--draft-dtype",
             "bfloat16",
+            "--tree-nodes",
+            "6",
+            "--tree-top-k",
+            "3,2",
             "--json",
             str(out),
         ],
@@ -113,6 +117,7 @@ def test_cli_writes_the_json_it_promises(
     assert result.exit_code == 0, result.output
     report = json.loads(out.read_text())
     assert report["setup"]["options"]["draft_dtype"] == "bfloat16"
+    assert report["setup"]["options"]["tree"] == {"top_k": [3, 2], "max_nodes": 6}
     assert {"model", "max_new_tokens", "methods"} <= report.keys()
     assert set(report["methods"]) == {"ar", "ss"}
     assert report["methods"]["ss"]["extra_parameters"] > 0
