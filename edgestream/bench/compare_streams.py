@@ -9,7 +9,8 @@ them alike:
         --suite-limit 3 --chat-probe 8 --json docs/bench-spec-streams-run4.json
 
 Arms are named `ss@LABEL` and `ss-pld@LABEL`, LABEL being each file's stem (or `--labels`);
-`--tree-nodes 8,12` gives every file a pair of arms per draft tree size (`ss@LABEL/n12`).
+`--trees 8:4,3,2,1 12:8,6,4,2` gives every file a set of arms per draft tree (nodes: candidates
+per depth), named `ss@LABEL/12:8,6,4,2`; `--methods ss` leaves out the `ss-pld` arms.
 """
 
 from __future__ import annotations
@@ -30,20 +31,25 @@ STREAM_METHODS = ("ss", "ss-pld")
 
 
 def stream_arms(
-    lm: LanguageModel, files: dict[str, Path], tree_nodes: tuple[int, ...] = ()
+    lm: LanguageModel,
+    files: dict[str, Path],
+    trees: tuple[TreeShape, ...] = (),
+    methods: tuple[str, ...] = STREAM_METHODS,
 ) -> dict[str, Decoder]:
     """`ar` and `pld`, then `ss@label` and `ss-pld@label` for every labelled stream file; with
-    several `tree_nodes`, one pair per tree size, named `ss@label/nN`."""
+    several `trees`, one set per tree, named `ss@label/NODES:K1,K2,...`."""
     decoders = {"ar": make_decoder("ar", lm), "pld": make_decoder("pld", lm)}
-    sizes: tuple[int | None, ...] = tree_nodes or (None,)
     for label, path in files.items():
-        for nodes in sizes:
-            tree = TreeShape() if nodes is None else TreeShape(max_nodes=nodes)
+        for tree in trees or (TreeShape(),):
             options = MethodOptions(streams_path=path, tree=tree)
-            suffix = f"/n{nodes}" if len(sizes) > 1 else ""
-            for method in STREAM_METHODS:
+            suffix = f"/{tree_name(tree)}" if len(trees) > 1 else ""
+            for method in methods:
                 decoders[f"{method}@{label}{suffix}"] = make_decoder(method, lm, options)
     return decoders
+
+
+def tree_name(tree: TreeShape) -> str:
+    return f"{tree.max_nodes}:{','.join(map(str, tree.top_k))}"
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -61,7 +67,14 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--data", type=Path, help="shared data folder (the suites)")
     parser.add_argument(
-        "--tree-nodes", help="comma-separated draft tree sizes, an arm pair each (default: 8)"
+        "--trees",
+        nargs="+",
+        default=[],
+        help="draft trees as NODES:K1,K2,... (e.g. 8:4,3,2,1 12:8,6,4,2), an arm set each "
+        "(default: the decoder's own)",
+    )
+    parser.add_argument(
+        "--methods", default=",".join(STREAM_METHODS), help="stream arms: ss, ss-pld or both"
     )
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--threads", type=int, default=2)
@@ -79,23 +92,33 @@ def _labelled(files: list[Path], labels: str | None) -> dict[str, Path]:
     return dict(zip(names, files, strict=True))
 
 
-def _tree_sizes(text: str | None) -> tuple[int, ...]:
-    if text is None:
-        return ()
-    try:
-        sizes = tuple(int(n) for n in text.split(","))
-    except ValueError:
-        raise ValueError(f"--tree-nodes expects integers like 8,12, got {text!r}") from None
-    if min(sizes) < 1 or len(set(sizes)) != len(sizes):
-        raise ValueError(f"--tree-nodes expects distinct sizes >= 1, got {text!r}")
-    return sizes
+def _trees(specs: list[str]) -> tuple[TreeShape, ...]:
+    trees = []
+    for spec in specs:
+        try:
+            nodes, top_k = spec.split(":")
+            trees.append(TreeShape(tuple(int(k) for k in top_k.split(",")), int(nodes)))
+        except ValueError as err:
+            raise ValueError(
+                f"--trees expects NODES:K1,K2,... like 8:4,3,2,1, got {spec!r} ({err})"
+            ) from None
+    if len({tree_name(t) for t in trees}) != len(trees):
+        raise ValueError(f"--trees names a tree twice: {specs}")
+    return tuple(trees)
+
+
+def _methods(text: str) -> tuple[str, ...]:
+    methods = tuple(text.split(","))
+    if not methods or not set(methods) <= set(STREAM_METHODS) or len(set(methods)) != len(methods):
+        raise ValueError(f"--methods expects some of {', '.join(STREAM_METHODS)}, got {text!r}")
+    return methods
 
 
 def main(argv: list[str] | None = None) -> None:
     args = _parser().parse_args(argv)
     try:
         files = _labelled(args.streams, args.labels)
-        tree_nodes = _tree_sizes(args.tree_nodes)
+        trees, methods = _trees(args.trees), _methods(args.methods)
         if args.suite_limit < 0 or args.chat_probe < 0:
             raise ValueError("--suite-limit and --chat-probe must not be negative")
         prompts: list[BenchPrompt] = (
@@ -109,7 +132,7 @@ def main(argv: list[str] | None = None) -> None:
             raise ValueError("no prompts: give --suite-limit > 0, --chat-probe > 0 or --prompts")
         torch.set_num_threads(args.threads)
         lm = load_language_model(args.model, args.dtype)
-        decoders = stream_arms(lm, files, tree_nodes)
+        decoders = stream_arms(lm, files, trees, methods)
     except (ValueError, FileNotFoundError) as err:
         print(f"error: {err}", file=sys.stderr)
         sys.exit(2)

@@ -52,19 +52,19 @@ def test_every_file_gets_both_arms_and_all_match_ar(
     assert all(m["overall"]["exact_match_vs_ar"] == 1.0 for m in methods.values())
 
 
-def test_tree_sizes_get_an_arm_pair_each(
+def test_every_tree_gets_its_arms(
     tiny_model_dir: Path, two_stream_files: list[Path], tmp_path: Path
 ) -> None:
     questions = tmp_path / "q.jsonl"
     questions.write_text(json.dumps({"question_id": 1, "category": "c", "turns": ["a b a b"]}))
     out = tmp_path / "report.json"
     argv = [str(two_stream_files[0]), "--labels", "s", "--model", str(tiny_model_dir)]
-    argv += ["--suite-limit", "0", "--prompts", str(questions), "--tree-nodes", "1,6"]
-    main([*argv, "--max-new-tokens", "10", "--threads", "1", "--json", str(out)])
+    argv += ["--suite-limit", "0", "--prompts", str(questions), "--trees", "1:4", "6:3,2"]
+    main([*argv, "--methods", "ss", "--max-new-tokens", "10", "--threads", "1", "--json", str(out)])
     methods = json.loads(out.read_text())["methods"]
-    assert list(methods) == ["ar", "pld", "ss@s/n1", "ss-pld@s/n1", "ss@s/n6", "ss-pld@s/n6"]
+    assert list(methods) == ["ar", "pld", "ss@s/1:4", "ss@s/6:3,2"]
     assert all(m["overall"]["exact_match_vs_ar"] == 1.0 for m in methods.values())
-    assert methods["ss@s/n1"]["overall"]["mean_accepted"] <= 1.0  # the root alone per pass
+    assert methods["ss@s/1:4"]["overall"]["mean_accepted"] <= 1.0  # the root alone per pass
 
 
 def test_missing_file_clashing_labels_and_negative_counts_are_refused(
@@ -74,8 +74,10 @@ def test_missing_file_clashing_labels_and_negative_counts_are_refused(
         [str(two_stream_files[0]), str(tmp_path / "absent.safetensors")],
         [*map(str, two_stream_files), "--labels", "same,same"],
         [*map(str, two_stream_files), "--chat-probe", "-1"],
-        [*map(str, two_stream_files), "--tree-nodes", "8,x"],
-        [*map(str, two_stream_files), "--tree-nodes", "8,8"],
+        [*map(str, two_stream_files), "--trees", "8:4,x"],
+        [*map(str, two_stream_files), "--trees", "8:4,3", "8:4,3"],
+        [*map(str, two_stream_files), "--trees", "0:4"],
+        [*map(str, two_stream_files), "--methods", "ss,medusa"],
     ):
         with pytest.raises(SystemExit) as exit_info:
             main(argv)
