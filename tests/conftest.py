@@ -149,6 +149,28 @@ def tiny_streams(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory)
 
 
 @pytest.fixture(scope="session")
+def trained_tiny_streams(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple:
+    """The tiny model (unpacked), streams trained briefly on its own answers so that drafts
+    are accepted (3 streams, 1 layer), and the run folder: distill-at-2/ and streams.safetensors."""
+    from edgestream.llm.distill import distill, load_shards
+    from edgestream.llm.loading import load_language_model
+    from edgestream.llm.msa import StreamConfig, save_streams
+    from edgestream.llm.tasks import TaskPrompt
+    from edgestream.llm.train import TrainConfig, train_streams
+
+    lm = load_language_model(str(tiny_model_dir), pack=False)
+    prompts = [TaskPrompt("t", str(i), text) for i, text in enumerate(TINY_CORPUS * 3)]
+    out = tmp_path_factory.mktemp("tree-search")
+    records = load_shards(distill(lm, prompts, out / "distill-at-2", 2, 24, batch_size=4))
+    config = TrainConfig(steps=120, batch_sequences=4, positions_per_sequence=8, lr=1e-2)
+    shape = StreamConfig(n_streams=3, n_stream_layers=1, adapter_rank=4, draft_vocab_size=64)
+    torch.manual_seed(0)
+    streams, _ = train_streams(lm.model, records, 2, shape, config, out, "tiny", None)
+    save_streams(streams, out / "streams.safetensors", {})
+    return lm, streams.eval(), out
+
+
+@pytest.fixture(scope="session")
 def assistant(tiny_model_dir: Path, tiny_streams: Path) -> object:
     """The bundled speech model with the tiny language model and its random streams."""
     from edgestream.assist.pipeline import Assistant, AssistantConfig

@@ -138,6 +138,25 @@ class StreamObjective(nn.Module):
 
     def forward(self, batch: Batch, stream_weight: float) -> tuple[Tensor, Tensor, Tensor]:
         """Returns (loss, top-1 hits per stream, labels per stream)."""
+        gamma = self.streams.config.n_streams
+        logits = self.draft_logits(batch)
+        targets, labelled = draft_targets(batch.targets, self.target_index)
+        per_stream = [
+            F.cross_entropy(
+                logits[:, :, j].flatten(0, 1),
+                targets[:, :, j].flatten(),
+                ignore_index=IGNORE,
+                reduction="sum",
+            )
+            / labelled[:, :, j].sum().clamp(min=1)
+            for j in range(gamma)
+        ]
+        loss = stream_weight * torch.stack(per_stream).sum()
+        hits = ((logits.argmax(-1) == targets) & labelled).sum(dim=(0, 1))
+        return loss, hits.detach(), labelled.sum(dim=(0, 1))
+
+    def draft_logits(self, batch: Batch) -> Tensor:
+        """(B, n, gamma, draft vocabulary) float32 logits of every stream at `batch.positions`."""
         model, streams = self.model, self.streams
         B, L, _ = batch.split_hidden.shape
         gamma = streams.config.n_streams
@@ -162,25 +181,15 @@ class StreamObjective(nn.Module):
             if s is not None:
                 s = stream_layer(block, adapter_for(streams, i), s, srope, smask, cache, i, L)
         assert s is not None
-        logits = (
+        return (
             F.linear(model.norm(s), self.head_weight)
             .float()
             .view(B, -1, gamma, len(self.head_weight))
         )
-        targets, labelled = draft_targets(batch.targets, self.target_index)
-        per_stream = [
-            F.cross_entropy(
-                logits[:, :, j].flatten(0, 1),
-                targets[:, :, j].flatten(),
-                ignore_index=IGNORE,
-                reduction="sum",
-            )
-            / labelled[:, :, j].sum().clamp(min=1)
-            for j in range(gamma)
-        ]
-        loss = stream_weight * torch.stack(per_stream).sum()
-        hits = ((logits.argmax(-1) == targets) & labelled).sum(dim=(0, 1))
-        return loss, hits.detach(), labelled.sum(dim=(0, 1))
+
+    def vocabulary_ids(self, rows: Tensor) -> Tensor:
+        """Rows of the draft head -> the model's token ids."""
+        return self.streams.draft_vocab[rows] if self.streams.config.draft_vocab_size else rows
 
 
 @torch.no_grad()

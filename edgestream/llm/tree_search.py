@@ -1,0 +1,101 @@
+"""Choosing a draft tree by simulation, without decoding.
+
+Distilled answers are the base model's own greedy tokens, so what a draft tree would accept
+anywhere in them is known in advance. One batched pass gives the streams' top-k at every answer
+position of held-out sequences (`held_out_drafts`); `simulate` then walks each answer as the
+decoder would, building every pass's tree from those candidates and following the answer
+through it, and counts the passes. That is the decoder's acceptance for any `TreeShape` in
+seconds instead of a benchmark per shape. Acceptance is half of speed: a bigger tree costs more
+to verify, so shapes the simulation ranks close are then timed against each other
+(`python -m edgestream.bench.compare_streams --trees ...`).
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, replace
+
+import torch
+from torch import Tensor
+
+from edgestream.llm.train import StreamObjective, TrainConfig, make_batch
+from edgestream.llm.tree import TreeShape, build_tree
+
+
+@dataclass(frozen=True)
+class AnswerDrafts:
+    """One distilled sequence and its streams' candidates at every answer position."""
+
+    tokens: list[int]  # prompt + greedy answer
+    prompt_length: int
+    # (n, gamma, k) for positions t = prompt_length - 1, ..., len(tokens) - 3: stream j's top-k
+    # guesses for token t + 2 + j, the main stream having chosen token t + 1 (the tree's root)
+    candidates: Tensor
+    log_probs: Tensor
+
+
+@dataclass(frozen=True)
+class Walk:
+    tokens: int  # tokens emitted by verification passes (the prefill's first token not counted)
+    passes: int  # verification passes
+
+    @property
+    def tokens_per_pass(self) -> float:
+        return self.tokens / max(1, self.passes)
+
+
+@torch.no_grad()
+def held_out_drafts(
+    objective: StreamObjective, records: list[dict], k: int, batch_sequences: int = 4
+) -> list[AnswerDrafts]:
+    """The streams' top-k candidates at every answer position of distilled `records`."""
+    gamma = objective.streams.config.n_streams
+    drafts = []
+    for start in range(0, len(records), batch_sequences):
+        chunk = records[start : start + batch_sequences]
+        every_position = replace(
+            TrainConfig(),
+            positions_per_sequence=max(len(r["tokens"]) for r in chunk),
+            prompt_positions_per_sequence=0,
+        )
+        batch = make_batch(chunk, every_position, gamma, random.Random(0))
+        log_probs, rows = torch.log_softmax(objective.draft_logits(batch), -1).topk(k, -1)
+        candidates = objective.vocabulary_ids(rows)
+        for b, record in enumerate(chunk):
+            # make_batch lists every answer position in order, then pads
+            n = len(record["tokens"]) - record["prompt_length"] - 1
+            drafts.append(
+                AnswerDrafts(
+                    record["tokens"].tolist(),
+                    record["prompt_length"],
+                    candidates[b, :n].clone(),
+                    log_probs[b, :n].clone(),
+                )
+            )
+    return drafts
+
+
+def simulate(drafts: list[AnswerDrafts], shape: TreeShape) -> Walk:
+    """Decode every answer as `generate_ss` would with `shape` (greedy, budget = the answer)."""
+    tokens = passes = 0
+    for answer in drafts:
+        seq, t = answer.tokens, answer.prompt_length - 1
+        while t <= len(seq) - 3:  # the main stream at t has chosen token t + 1: the root
+            i = t - (answer.prompt_length - 1)
+            depth = min(len(shape.top_k), len(seq) - t - 3)  # no deeper than the budget left
+            tree = build_tree(seq[t + 1], answer.candidates[i, :depth], answer.log_probs[i], shape)
+            accepted = _accepted_depth(tree.tokens, tree.children(), seq[t + 2 :])
+            tokens += accepted + 1  # the accepted path and the main stream's next choice
+            passes += 1
+            t += accepted + 1
+    return Walk(tokens, passes)
+
+
+def _accepted_depth(tree_tokens: list[int], children: list[list[int]], truth: list[int]) -> int:
+    node = depth = 0
+    while depth < len(truth):
+        node = next((c for c in children[node] if tree_tokens[c] == truth[depth]), -1)
+        if node < 0:
+            break
+        depth += 1
+    return depth
