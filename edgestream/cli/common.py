@@ -178,7 +178,7 @@ TreeTopK = Annotated[
     str | None,
     typer.Option(
         help="Candidates per draft depth, comma-separated; the count sets the depth "
-        "(ss, ss-pld, medusa; default 4,3,2,1)."
+        "(ss, ss-pld, medusa; default 8,6,4,2)."
     ),
 ]
 

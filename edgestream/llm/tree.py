@@ -23,10 +23,12 @@ from torch import Tensor
 class TreeShape:
     """How big a draft tree may grow."""
 
-    # Defaults measured on SmolLM2 (8 unseen train-split prompts, float32 and bfloat16): 8
-    # nodes beat 12, 16 and 24 (verification cost grows faster than acceptance here) and
-    # beat chains and 4-6 node trees in float32.
-    top_k: tuple[int, ...] = (4, 3, 2, 1)  # candidates considered per depth (stream 1, 2, ...)
+    # Defaults measured on SmolLM2 with trained streams (docs/benchmarks.md, "Choosing the
+    # draft tree"): 8 nodes beat 12 and 16 on a 2-core CPU (12 and 16 accept 6-9% more
+    # tokens per pass but decode 3-12% slower overall) and beat chains and 4-6 node trees.
+    # Wider candidate lists cost nothing (a top-k over the draft head) and let the best-first
+    # search pick 1% more accepted tokens per pass than (4, 3, 2, 1) did.
+    top_k: tuple[int, ...] = (8, 6, 4, 2)  # candidates considered per depth (stream 1, 2, ...)
     max_nodes: int = 8  # nodes in the flattened tree, root included
     # Paths the streams give less than this probability are not verified: every node costs
     # verification work, and an unlikely one rarely pays it back.

@@ -77,6 +77,9 @@ def held_out_drafts(
 
 def simulate(drafts: list[AnswerDrafts], shape: TreeShape) -> Walk:
     """Decode every answer as `generate_ss` would with `shape` (greedy, budget = the answer)."""
+    held = min((answer.candidates.shape[-1] for answer in drafts), default=0)
+    if drafts and held < max(shape.top_k):
+        raise ValueError(f"the drafts hold top-{held} candidates; {shape} needs {max(shape.top_k)}")
     tokens = passes = 0
     for answer in drafts:
         seq, t = answer.tokens, answer.prompt_length - 1

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from edgestream.llm.engine import generate_ar, generate_ss
@@ -31,7 +32,7 @@ def test_simulated_passes_equal_the_decoders(trained_tiny_streams: tuple) -> Non
     objective = StreamObjective(lm.model.requires_grad_(False), streams, streams.split)
     prompts = [lm.encode_prompt(q) for q in QUESTIONS]
     records = [_answer_record(lm, streams, p) for p in prompts]
-    drafts = held_out_drafts(objective, records, k=6)
+    drafts = held_out_drafts(objective, records, k=max(max(shape.top_k) for shape in SHAPES))
     accepted_somewhere = False
     for shape in SHAPES:
         decoded_passes = decoded_tokens = 0
@@ -45,3 +46,11 @@ def test_simulated_passes_equal_the_decoders(trained_tiny_streams: tuple) -> Non
         assert (walk.passes, walk.tokens) == (decoded_passes, decoded_tokens), shape
         accepted_somewhere |= walk.tokens_per_pass > 1.1
     assert accepted_somewhere  # the comparison says little if nothing is ever accepted
+
+
+def test_a_tree_wider_than_the_drafts_is_refused(trained_tiny_streams: tuple) -> None:
+    lm, streams, _ = trained_tiny_streams
+    objective = StreamObjective(lm.model.requires_grad_(False), streams, streams.split)
+    drafts = held_out_drafts(objective, [_answer_record(lm, streams, [5, 6, 7])], k=2)
+    with pytest.raises(ValueError, match="top-2 candidates"):
+        simulate(drafts, TreeShape((4, 2), 6))
