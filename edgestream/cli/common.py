@@ -193,7 +193,7 @@ def tree_shape(nodes: int | None, top_k: str | None) -> TreeShape:
         try:
             ks = tuple(int(k) for k in top_k.split(","))
         except ValueError:
-            raise ValueError(f"--tree-top-k expects integers like 4,3,2,1, got {top_k!r}") from None
+            raise ValueError(f"--tree-top-k expects integers like 8,6,4,2, got {top_k!r}") from None
     try:
         return TreeShape(top_k=ks, max_nodes=default.max_nodes if nodes is None else nodes)
     except ValueError as err:
