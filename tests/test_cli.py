@@ -96,9 +96,10 @@ def _bad_input_cases(tiny: Path, tmp: Path) -> list[tuple[list[str], str]]:
         (["generate", "hi", "--dtype", "float16"], "unknown dtype 'float16'"),
         (["generate", "hi", "--draft-dtype", "int8"], "unknown draft dtype 'int8'"),
         (["generate", "hi", "--temperature", "-1"], "temperature must be >= 0"),
-        (["generate", "hi", "--tree-nodes", "0"], "--tree-nodes / --tree-top-k: max_nodes"),
+        (["generate", "hi", "--tree-nodes", "0"], "--tree-nodes must be at least 1, got 0"),
         (["generate", "hi", "--tree-top-k", "4,x"], "--tree-top-k expects integers"),
-        (["generate", "hi", "--tree-top-k", "4,0"], "each >= 1"),
+        (["generate", "hi", "--tree-top-k", "4,0"], "--tree-top-k expects every count >= 1"),
+        (["generate", "hi", "--tree-min-prob", "1"], "--tree-min-prob must be in [0, 1), got 1"),
         (["generate", long_prompt, "--model", str(tiny), "--no-chat"], "model's context is 96"),
     ]
 

@@ -25,6 +25,7 @@ from edgestream.cli.common import (
     LmName,
     MedusaHeadsPath,
     Rescore,
+    TreeMinProb,
     TreeNodes,
     TreeTopK,
     VadOption,
@@ -150,6 +151,7 @@ def bench_spec_command(
     draft_dtype: DraftDtype = "auto",
     tree_nodes: TreeNodes = None,
     tree_top_k: TreeTopK = None,
+    tree_min_prob: TreeMinProb = 0.0,
     draft_tokens: Annotated[int, typer.Option(help="Tokens drafted per pass (draft).")] = 4,
     pld_tokens: Annotated[int, typer.Option(help="Longest prompt-lookup draft (pld).")] = 10,
     lookup_tokens: Annotated[
@@ -190,7 +192,7 @@ def bench_spec_command(
     names = _split_methods(methods)
     check_baseline_weights(names, medusa, draft)
     drafting = drafting_dtype(draft_dtype, parse_dtype(dtype))
-    tree = tree_shape(tree_nodes, tree_top_k)
+    tree = tree_shape(tree_nodes, tree_top_k, tree_min_prob)
     if (prompts is None) == (suite is None):
         raise ValueError(f"give exactly one of --prompts FILE or --suite {{{','.join(SUITES)}}}")
     if suite is not None and suite not in SUITES:
@@ -256,7 +258,11 @@ def bench_spec_command(
             report["methods"][name].update(footprint(name, lm, options))
     report["setup"]["peak_memory_mib"] = peak_rss_mib()  # the process, every method loaded
     report["setup"]["options"] = {
-        "tree": {"top_k": list(options.tree.top_k), "max_nodes": options.tree.max_nodes},
+        "tree": {
+            "top_k": list(options.tree.top_k),
+            "max_nodes": options.tree.max_nodes,
+            "min_path_prob": options.tree.min_path_prob,
+        },
         "draft_tokens": draft_tokens,
         "pld_tokens": pld_tokens,
         "lookup_tokens": lookup_tokens,
@@ -267,6 +273,7 @@ def bench_spec_command(
         generate_options = ["--model", model, "--dtype", dtype, "--threads", str(threads)]
         generate_options += ["--draft-dtype", draft_dtype, "--tree-nodes", str(tree.max_nodes)]
         generate_options += ["--tree-top-k", ",".join(map(str, tree.top_k))]
+        generate_options += ["--tree-min-prob", str(tree.min_path_prob)]
         weights = {"--streams": streams, "--medusa": medusa, "--draft": draft, "--adapter": adapter}
         for flag, path in weights.items():
             if path is not None:

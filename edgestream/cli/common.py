@@ -183,8 +183,18 @@ TreeTopK = Annotated[
 ]
 
 
-def tree_shape(nodes: int | None, top_k: str | None) -> TreeShape:
-    """The draft tree from --tree-nodes and --tree-top-k; defaults where not given."""
+TreeMinProb = Annotated[
+    float,
+    typer.Option(
+        help="Leave out draft paths the drafter gives less than this probability "
+        "(ss, ss-pld, medusa; default 0: off, measured best in docs/speculative-streaming.md)."
+    ),
+]
+
+
+def tree_shape(nodes: int | None, top_k: str | None, min_prob: float = 0.0) -> TreeShape:
+    """The draft tree from --tree-nodes, --tree-top-k and --tree-min-prob; defaults where
+    not given."""
     from edgestream.llm.tree import TreeShape
 
     default = TreeShape()
@@ -194,10 +204,13 @@ def tree_shape(nodes: int | None, top_k: str | None) -> TreeShape:
             ks = tuple(int(k) for k in top_k.split(","))
         except ValueError:
             raise ValueError(f"--tree-top-k expects integers like 8,6,4,2, got {top_k!r}") from None
-    try:
-        return TreeShape(top_k=ks, max_nodes=default.max_nodes if nodes is None else nodes)
-    except ValueError as err:
-        raise ValueError(f"--tree-nodes / --tree-top-k: {err}") from None
+        if min(ks) < 1:
+            raise ValueError(f"--tree-top-k expects every count >= 1, got {top_k!r}")
+    if nodes is not None and nodes < 1:
+        raise ValueError(f"--tree-nodes must be at least 1, got {nodes}")
+    if not 0.0 <= min_prob < 1.0:
+        raise ValueError(f"--tree-min-prob must be in [0, 1), got {min_prob}")
+    return TreeShape(ks, default.max_nodes if nodes is None else nodes, min_prob)
 
 
 AdapterPath = Annotated[

@@ -18,6 +18,7 @@ from edgestream.cli.common import (
     DraftModelPath,
     MedusaHeadsPath,
     TextStreamer,
+    TreeMinProb,
     TreeNodes,
     TreeTopK,
     app,
@@ -61,6 +62,7 @@ def generate(
     draft_dtype: DraftDtype = "auto",
     tree_nodes: TreeNodes = None,
     tree_top_k: TreeTopK = None,
+    tree_min_prob: TreeMinProb = 0.0,
     compare: Annotated[
         bool, typer.Option(help="Also decode with ar and report the speedup and exact match.")
     ] = False,
@@ -80,7 +82,7 @@ def generate(
     if max_new_tokens < 1:
         raise ValueError(f"--max-new-tokens must be at least 1, got {max_new_tokens}")
     drafting_dtype(draft_dtype, parse_dtype(dtype))
-    tree = tree_shape(tree_nodes, tree_top_k)
+    tree = tree_shape(tree_nodes, tree_top_k, tree_min_prob)
     sampling = Sampling(temperature=temperature, top_p=top_p, seed=seed)
     set_threads(threads)
     quiet_libraries()

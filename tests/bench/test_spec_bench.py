@@ -110,6 +110,8 @@ def test_cli_writes_the_json_it_promises(
             "6",
             "--tree-top-k",
             "3,2",
+            "--tree-min-prob",
+            "0.05",
             "--json",
             str(out),
         ],
@@ -117,7 +119,8 @@ def test_cli_writes_the_json_it_promises(
     assert result.exit_code == 0, result.output
     report = json.loads(out.read_text())
     assert report["setup"]["options"]["draft_dtype"] == "bfloat16"
-    assert report["setup"]["options"]["tree"] == {"top_k": [3, 2], "max_nodes": 6}
+    tree = {"top_k": [3, 2], "max_nodes": 6, "min_path_prob": 0.05}
+    assert report["setup"]["options"]["tree"] == tree
     assert {"model", "max_new_tokens", "methods"} <= report.keys()
     assert set(report["methods"]) == {"ar", "ss"}
     assert report["methods"]["ss"]["extra_parameters"] > 0
