@@ -25,7 +25,7 @@ import torch
 from edgestream.bench.spec import BenchPrompt, bench_spec, chat_probe, read_spec_prompts, task_suite
 from edgestream.llm.loading import DTYPES, LanguageModel, load_language_model
 from edgestream.llm.methods import Decoder, MethodOptions, make_decoder
-from edgestream.llm.tree import TreeShape
+from edgestream.llm.tree import TreeShape, parse_counts
 
 STREAM_METHODS = ("ss", "ss-pld")
 
@@ -95,13 +95,11 @@ def _labelled(files: list[Path], labels: str | None) -> dict[str, Path]:
 def _trees(specs: list[str]) -> tuple[TreeShape, ...]:
     trees = []
     for spec in specs:
-        try:
-            nodes, top_k = spec.split(":")
-            trees.append(TreeShape(tuple(int(k) for k in top_k.split(",")), int(nodes)))
-        except ValueError as err:
-            raise ValueError(
-                f"--trees expects NODES:K1,K2,... like 8:4,3,2,1, got {spec!r} ({err})"
-            ) from None
+        nodes, colon, top_k = spec.partition(":")
+        if not colon:
+            raise ValueError(f"--trees expects NODES:K1,K2,... like 8:4,3,2,1, got {spec!r}")
+        (max_nodes,) = parse_counts(nodes, f"--trees {spec!r}: NODES")
+        trees.append(TreeShape(parse_counts(top_k, f"--trees {spec!r}: K1,K2,..."), max_nodes))
     if len({tree_name(t) for t in trees}) != len(trees):
         raise ValueError(f"--trees names a tree twice: {specs}")
     return tuple(trees)

@@ -24,7 +24,7 @@ from edgestream.llm.distill import load_shards
 from edgestream.llm.loading import DTYPES, load_language_model
 from edgestream.llm.msa import load_streams
 from edgestream.llm.train import StreamObjective, advance_states, hold_out
-from edgestream.llm.tree import TreeShape
+from edgestream.llm.tree import TreeShape, parse_counts
 from edgestream.llm.tree_search import held_out_drafts, simulate
 
 
@@ -44,17 +44,8 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _integers(text: str, option: str) -> tuple[int, ...]:
-    try:
-        values = tuple(int(v) for v in text.split(","))
-    except ValueError:
-        raise ValueError(f"{option} expects comma-separated integers, got {text!r}") from None
-    if min(values) < 1:
-        raise ValueError(f"{option} expects integers >= 1, got {text!r}")
-    return values
-
-
-def _captured_at(folder: Path) -> int:
+def _distilled(folder: Path) -> tuple[int, list[Path]]:
+    """The layer a distill-at-N folder's states were captured at, and its shards."""
     match = re.fullmatch(r"distill-at-(\d+)", folder.name)
     shards = sorted(folder.glob("shard-*.pt")) if folder.is_dir() else []
     if match is None or not shards:
@@ -62,15 +53,15 @@ def _captured_at(folder: Path) -> int:
             f"{folder} is not a distill-at-N folder of shards (e.g. runs/streams-lossless/"
             "distill-at-20, written by `edgestream train streams`)"
         )
-    return int(match.group(1))
+    return int(match.group(1)), shards
 
 
 def main(argv: list[str] | None = None) -> None:
     args = _parser().parse_args(argv)
     try:
-        captured_at = _captured_at(args.distilled)
-        nodes = _integers(args.nodes, "--nodes")
-        widths = [_integers(k, "--top-k") for k in args.top_k]
+        captured_at, shards = _distilled(args.distilled)
+        nodes = parse_counts(args.nodes, "--nodes")
+        widths = [parse_counts(k, "--top-k") for k in args.top_k]
         if not args.streams.is_file():
             raise FileNotFoundError(f"stream weights not found: {args.streams}")
         torch.set_num_threads(args.threads)
@@ -78,7 +69,7 @@ def main(argv: list[str] | None = None) -> None:
         streams, _ = load_streams(args.streams, model)
         if captured_at > streams.split:
             raise ValueError(f"states captured at layer {captured_at}, above the streams'")
-        _, held = hold_out(load_shards(sorted(args.distilled.glob("shard-*.pt"))), args.held_out)
+        _, held = hold_out(load_shards(shards), args.held_out)
         if not held:
             raise ValueError(f"no held-out sequences: --held-out {args.held_out}")
     except (ValueError, FileNotFoundError) as err:

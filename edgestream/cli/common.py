@@ -195,17 +195,10 @@ TreeMinProb = Annotated[
 def tree_shape(nodes: int | None, top_k: str | None, min_prob: float = 0.0) -> TreeShape:
     """The draft tree from --tree-nodes, --tree-top-k and --tree-min-prob; defaults where
     not given."""
-    from edgestream.llm.tree import TreeShape
+    from edgestream.llm.tree import TreeShape, parse_counts
 
     default = TreeShape()
-    ks = default.top_k
-    if top_k is not None:
-        try:
-            ks = tuple(int(k) for k in top_k.split(","))
-        except ValueError:
-            raise ValueError(f"--tree-top-k expects integers like 8,6,4,2, got {top_k!r}") from None
-        if min(ks) < 1:
-            raise ValueError(f"--tree-top-k expects every count >= 1, got {top_k!r}")
+    ks = default.top_k if top_k is None else parse_counts(top_k, "--tree-top-k")
     if nodes is not None and nodes < 1:
         raise ValueError(f"--tree-nodes must be at least 1, got {nodes}")
     if not 0.0 <= min_prob < 1.0:

@@ -313,6 +313,16 @@ def hold_out(records: list[dict], n: int) -> tuple[list[dict], list[dict]]:
     )
 
 
+def every_answer_position(records: list[dict], config: TrainConfig, depth: int) -> Batch:
+    """A batch of `records` whose positions are all of their answers' positions, in order
+    (each sequence's list then padded), instead of a sample."""
+    longest = max(len(r["tokens"]) for r in records)  # more positions than any answer has
+    every_position = replace(
+        config, positions_per_sequence=longest, prompt_positions_per_sequence=0
+    )
+    return make_batch(records, every_position, depth, random.Random(0))
+
+
 @torch.no_grad()
 def held_out_top1(
     objective: nn.Module,
@@ -325,11 +335,7 @@ def held_out_top1(
     hits, labelled = torch.zeros(depth), torch.zeros(depth)
     for start in range(0, len(records), config.batch_sequences):
         chunk = records[start : start + config.batch_sequences]
-        longest = max(len(r["tokens"]) for r in chunk)  # more positions than any answer has
-        every_position = replace(
-            config, positions_per_sequence=longest, prompt_positions_per_sequence=0
-        )
-        batch = make_batch(chunk, every_position, depth, random.Random(0))
+        batch = every_answer_position(chunk, config, depth)
         _, batch_hits, batch_labelled = call(objective, batch)
         hits += batch_hits
         labelled += batch_labelled

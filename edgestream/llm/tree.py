@@ -43,6 +43,21 @@ class TreeShape:
             raise ValueError(f"min_path_prob must be in [0, 1), got {self.min_path_prob}")
 
 
+def parse_counts(text: str, option: str) -> tuple[int, ...]:
+    """'8,6,4,2' -> (8, 6, 4, 2), every count >= 1; errors name the `option` it came from.
+
+    >>> parse_counts("8,6,4,2", "--tree-top-k")
+    (8, 6, 4, 2)
+    """
+    try:
+        counts = tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise ValueError(f"{option} expects integers like 8,6,4,2, got {text!r}") from None
+    if min(counts) < 1:
+        raise ValueError(f"{option} expects every count >= 1, got {text!r}")
+    return counts
+
+
 @dataclass(frozen=True)
 class DraftTree:
     tokens: list[int]  # (T,) token per node, node 0 = root

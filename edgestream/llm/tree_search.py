@@ -12,14 +12,13 @@ to verify, so shapes the simulation ranks close are then timed against each othe
 
 from __future__ import annotations
 
-import random
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
-from edgestream.llm.train import StreamObjective, TrainConfig, make_batch
-from edgestream.llm.tree import TreeShape, build_tree
+from edgestream.llm.train import StreamObjective, TrainConfig, every_answer_position
+from edgestream.llm.tree import TreeShape, accept, build_tree
 
 
 @dataclass(frozen=True)
@@ -53,12 +52,7 @@ def held_out_drafts(
     drafts = []
     for start in range(0, len(records), batch_sequences):
         chunk = records[start : start + batch_sequences]
-        every_position = replace(
-            TrainConfig(),
-            positions_per_sequence=max(len(r["tokens"]) for r in chunk),
-            prompt_positions_per_sequence=0,
-        )
-        batch = make_batch(chunk, every_position, gamma, random.Random(0))
+        batch = every_answer_position(chunk, TrainConfig(), gamma)
         log_probs, rows = torch.log_softmax(objective.draft_logits(batch), -1).topk(k, -1)
         candidates = objective.vocabulary_ids(rows)
         for b, record in enumerate(chunk):
@@ -87,18 +81,11 @@ def simulate(drafts: list[AnswerDrafts], shape: TreeShape) -> Walk:
             i = t - (answer.prompt_length - 1)
             depth = min(len(shape.top_k), len(seq) - t - 3)  # no deeper than the budget left
             tree = build_tree(seq[t + 1], answer.candidates[i, :depth], answer.log_probs[i], shape)
-            accepted = _accepted_depth(tree.tokens, tree.children(), seq[t + 2 :])
+            # the model's greedy choice after each node: the answer's token after its depth
+            choices = [seq[t + 2 + d] for d in tree.depths]
+            path, _ = accept(tree, choices.__getitem__)
+            accepted = len(path) - 1
             tokens += accepted + 1  # the accepted path and the main stream's next choice
             passes += 1
             t += accepted + 1
     return Walk(tokens, passes)
-
-
-def _accepted_depth(tree_tokens: list[int], children: list[list[int]], truth: list[int]) -> int:
-    node = depth = 0
-    while depth < len(truth):
-        node = next((c for c in children[node] if tree_tokens[c] == truth[depth]), -1)
-        if node < 0:
-            break
-        depth += 1
-    return depth

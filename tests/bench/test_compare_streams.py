@@ -25,29 +25,21 @@ def two_stream_files(tiny_model_dir: Path, tmp_path: Path) -> list[Path]:
     return files
 
 
-def test_every_file_gets_both_arms_and_all_match_ar(
-    tiny_model_dir: Path, two_stream_files: list[Path], tmp_path: Path
-) -> None:
+def _compare(tiny_model_dir: Path, tmp_path: Path, *argv: str) -> dict[str, dict]:
+    """Run the comparison on one short question with the tiny model; its report's methods."""
     questions = tmp_path / "q.jsonl"
     questions.write_text(json.dumps({"question_id": 1, "category": "c", "turns": ["a b a b"]}))
     out = tmp_path / "report.json"
-    argv = [*map(str, two_stream_files), "--labels", "old,new", "--model", str(tiny_model_dir)]
-    main(
-        [
-            *argv,
-            "--suite-limit",
-            "0",
-            "--prompts",
-            str(questions),
-            "--max-new-tokens",
-            "10",
-            "--threads",
-            "1",
-            "--json",
-            str(out),
-        ]
-    )
-    methods = json.loads(out.read_text())["methods"]
+    options = ["--model", str(tiny_model_dir), "--suite-limit", "0", "--prompts", str(questions)]
+    main([*argv, *options, "--max-new-tokens", "10", "--threads", "1", "--json", str(out)])
+    return json.loads(out.read_text())["methods"]
+
+
+def test_every_file_gets_both_arms_and_all_match_ar(
+    tiny_model_dir: Path, two_stream_files: list[Path], tmp_path: Path
+) -> None:
+    files = map(str, two_stream_files)
+    methods = _compare(tiny_model_dir, tmp_path, *files, "--labels", "old,new")
     assert list(methods) == ["ar", "pld", "ss@old", "ss-pld@old", "ss@new", "ss-pld@new"]
     assert all(m["overall"]["exact_match_vs_ar"] == 1.0 for m in methods.values())
 
@@ -55,13 +47,8 @@ def test_every_file_gets_both_arms_and_all_match_ar(
 def test_every_tree_gets_its_arms(
     tiny_model_dir: Path, two_stream_files: list[Path], tmp_path: Path
 ) -> None:
-    questions = tmp_path / "q.jsonl"
-    questions.write_text(json.dumps({"question_id": 1, "category": "c", "turns": ["a b a b"]}))
-    out = tmp_path / "report.json"
-    argv = [str(two_stream_files[0]), "--labels", "s", "--model", str(tiny_model_dir)]
-    argv += ["--suite-limit", "0", "--prompts", str(questions), "--trees", "1:4", "6:3,2"]
-    main([*argv, "--methods", "ss", "--max-new-tokens", "10", "--threads", "1", "--json", str(out)])
-    methods = json.loads(out.read_text())["methods"]
+    argv = [str(two_stream_files[0]), "--labels", "s", "--trees", "1:4", "6:3,2", "--methods", "ss"]
+    methods = _compare(tiny_model_dir, tmp_path, *argv)
     assert list(methods) == ["ar", "pld", "ss@s/1:4", "ss@s/6:3,2"]
     assert all(m["overall"]["exact_match_vs_ar"] == 1.0 for m in methods.values())
     assert methods["ss@s/1:4"]["overall"]["mean_accepted"] <= 1.0  # the root alone per pass
