@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Annotated
 
@@ -202,6 +202,16 @@ DistilledFrom = Annotated[
 ]
 
 
+ReplayRuns = Annotated[
+    list[Path] | None,
+    typer.Option(
+        "--replay",
+        help="An earlier run folder whose distilled answers train too (repeatable), e.g. so "
+        "new data does not pull the drafter away from the old; same --capture-layers.",
+    ),
+]
+
+
 @contextlib.contextmanager
 def _training_progress(
     kind: str, steps: int, rank: int, started: float
@@ -239,14 +249,16 @@ def _train_drafter(
     threads: int | None,
     train: Callable[..., object],
     skip_per_task: int = 0,
+    replay: Sequence[Path] = (),
 ) -> tuple[object, dict] | None:
-    """Distil the base model's answers (resumable), then `train(base, records, captured_at,
-    report)`; returns what train returned and how it was trained (None on ranks other than 0).
+    """Distil the base model's answers (resumable), then `train(base, records, replayed,
+    captured_at, report)`, where `replayed` are the answers distilled by the earlier runs in
+    `replay`; returns what train returned and how it was trained (None on ranks other than 0).
     Shared by the streams, the Medusa heads and the draft model, so all learn from the same
     data the same way."""
     import time
 
-    from edgestream.llm.distill import distill, load_shards
+    from edgestream.llm.distill import distill, load_shards, shards_in
     from edgestream.llm.loading import load_language_model
     from edgestream.llm.tasks import TaskPrompt, task_mix
     from edgestream.training import distributed_context
@@ -263,6 +275,8 @@ def _train_drafter(
     # trained so serve float32 decoding equally (argmax agreement, measured in the bench).
     lm = load_language_model(model, "bfloat16")
     captured_at = lm.model.config.n_layers - capture_layers
+    # Checked before distilling, which may take long: a wrong folder fails at once.
+    replay_shards = {s.name: s for run in replay for s in shards_in(run, captured_at)}
     started = time.time()
     with _training_progress(kind, config.steps, rank, started) as (bar, report):
         task = bar.add_task("distilling", total=None, info="")
@@ -281,13 +295,17 @@ def _train_drafter(
 
             dist.barrier()  # every rank's shards are written
         records = load_shards(shards)
+        # A shard this run distilled itself is not replayed twice.
+        own = {s.name for s in shards}
+        replayed = load_shards([s for name, s in replay_shards.items() if name not in own])
         base = load_language_model(model, "bfloat16", pack=False).model  # packed has no backward
-        trained = train(base, records, captured_at, report)
+        trained = train(base, records, replayed, captured_at, report)
     if rank != 0:
         return None
     return trained, {
         "model": model,
-        "sequences": len(records),
+        "sequences": len(records) + len(replayed),
+        "replayed": [str(run) for run in replay],
         "processes": world,
         "train_config": config.__dict__,
         "wall_seconds": round(time.time() - started),
@@ -322,6 +340,7 @@ def train_streams_command(
         "runs/streams-lossless"
     ),
     export: Annotated[Path | None, typer.Option(help="Write final stream weights here.")] = None,
+    replay: ReplayRuns = None,
     prompts_per_task: PromptsPerTask = 300,
     skip_per_task: SkipPerTask = 0,
     max_new_tokens: DistilledLength = 128,
@@ -370,6 +389,8 @@ def train_streams_command(
     )
     if init_streams is not None and mode == "lora":
         raise ValueError("--init-streams is for --mode lossless or shared (lora has no streams)")
+    if replay and mode != "lossless":
+        raise ValueError("--replay is for --mode lossless (shared and lora train on --task data)")
     if mode != "lossless":
         _train_shared_mode(
             mode,
@@ -392,13 +413,15 @@ def train_streams_command(
     if not stream_layers <= capture_layers:
         raise ValueError(f"--capture-layers ({capture_layers}) must be >= --stream-layers")
 
-    def train(base: object, records: list[dict], at: int, report: object) -> tuple:
-        training, held = hold_out(records, dev_sequences)
+    def train(
+        base: object, records: list[dict], replayed: list[dict], at: int, report: object
+    ) -> tuple:
+        training, held = hold_out(records, dev_sequences, replayed)
         given = None if init_streams is None else load_streams(init_streams, base, torch.float32)[0]
         trained, dev_top1 = train_streams(
             base, training, at, stream_config, config, out, model, report, given, held
         )
-        return trained, dev_top1, len(held)
+        return trained, dev_top1, len(held), len(training)
 
     result = _train_drafter(
         "stream",
@@ -413,10 +436,11 @@ def train_streams_command(
         threads,
         train,
         skip_per_task,
+        replay or (),
     )
     if result is None:
         return
-    (trained, dev_top1, n_dev), info = result
+    (trained, dev_top1, n_dev, n_train), info = result
     target = export or out / "streams.safetensors"
     facts = {
         "mode": mode,
@@ -424,7 +448,7 @@ def train_streams_command(
         "prompts": str(prompts)
         if prompts is not None
         else (f"task mix, {prompts_per_task} per task after the first {skip_per_task}"),
-        "sequences": info["sequences"] - n_dev,
+        "sequences": n_train,
         "dev_sequences": n_dev,
         "dev_top1": dev_top1 and [round(a, 4) for a in dev_top1],
     }
@@ -516,6 +540,7 @@ def train_draft_command(
     out: Annotated[Path, typer.Option(help="Run folder: checkpoints.")] = Path("runs/draft"),
     distilled: DistilledFrom = None,
     export: Annotated[Path | None, typer.Option(help="Write final draft weights here.")] = None,
+    replay: ReplayRuns = None,
     prompts_per_task: PromptsPerTask = 300,
     max_new_tokens: DistilledLength = 128,
     layers: Annotated[int, typer.Option(help="Decoder layers of the draft model.")] = 4,
@@ -544,9 +569,10 @@ def train_draft_command(
         capture_layers,
         config,
         threads,
-        lambda base, records, _at, report: train_draft(
-            base, records, layers, config, out, model, report
+        lambda base, records, replayed, _at, report: train_draft(
+            base, records + replayed, layers, config, out, model, report
         ),
+        replay=replay or (),
     )
     if result is None:
         return
@@ -565,6 +591,7 @@ def train_medusa_command(
     out: Annotated[Path, typer.Option(help="Run folder: checkpoints.")] = Path("runs/medusa"),
     distilled: DistilledFrom = None,
     export: Annotated[Path | None, typer.Option(help="Write final head weights here.")] = None,
+    replay: ReplayRuns = None,
     prompts_per_task: PromptsPerTask = 300,
     max_new_tokens: DistilledLength = 128,
     heads: Annotated[int, typer.Option(help="Medusa heads (draft depth).")] = 4,
@@ -608,9 +635,9 @@ def train_medusa_command(
         capture_layers,
         config,
         threads,
-        lambda base, records, at, report: train_medusa(
+        lambda base, records, replayed, at, report: train_medusa(
             base,
-            records,
+            records + replayed,
             at,
             medusa_config,
             config,
@@ -619,6 +646,7 @@ def train_medusa_command(
             report,
             None if init_heads is None else load_medusa(init_heads, base, torch.float32)[0],
         ),
+        replay=replay or (),
     )
     if result is None:
         return

@@ -132,6 +132,19 @@ def distill(
     return shards
 
 
+def shards_in(run: Path, split: int) -> list[Path]:
+    """An earlier run's distilled shards captured at layer `split` (its `distill-at-{split}`),
+    so a new run can train on them too; refused when it holds none."""
+    folder = run / f"distill-at-{split}"
+    shards = sorted(folder.glob("shard-*.pt"))
+    if not shards:
+        raise ValueError(
+            f"{run} holds no distilled answers captured at layer {split} (no {folder}/shard-*.pt):"
+            " replay a run distilled with the same --capture-layers"
+        )
+    return shards
+
+
 def load_shards(paths: list[Path]) -> list[dict]:
     records: list[dict] = []
     for path in paths:

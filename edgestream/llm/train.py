@@ -299,16 +299,25 @@ def new_or_given_streams(
     return streams
 
 
-def hold_out(records: list[dict], n: int) -> tuple[list[dict], list[dict]]:
-    """(training, held-out) records. Held out: the sequences whose token digests are the n
-    smallest distinct ones (n at most a tenth of the records), with every copy of them, so the
-    same sequences are held out however records are ordered and none also trains."""
+def _digest(record: dict) -> str:
+    return hashlib.sha1(record["tokens"].numpy().tobytes()).hexdigest()
+
+
+def hold_out(
+    records: list[dict], n: int, replayed: list[dict] = ()
+) -> tuple[list[dict], list[dict]]:
+    """(training, held-out) records. Held out: the sequences of `records` whose token digests
+    are the n smallest distinct ones (n at most a tenth of the records), with every copy of
+    them, so the same sequences are held out however records are ordered and none also trains.
+    `replayed` records (earlier runs' data) only ever train, so a run that replays others is
+    measured on the same held-out sequences as one that does not."""
     if n < 0:
         raise ValueError(f"cannot hold out {n} sequences")
-    digests = [hashlib.sha1(r["tokens"].numpy().tobytes()).hexdigest() for r in records]
+    digests = [_digest(r) for r in records]
     held = set(sorted(set(digests))[: min(n, len(records) // 10)])
     return (
-        [r for r, d in zip(records, digests, strict=True) if d not in held],
+        [r for r, d in zip(records, digests, strict=True) if d not in held]
+        + [r for r in replayed if _digest(r) not in held],
         [r for r, d in zip(records, digests, strict=True) if d in held],
     )
 

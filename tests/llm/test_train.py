@@ -124,6 +124,20 @@ def test_held_out_sequences_do_not_depend_on_order(records: list[dict]) -> None:
         hold_out(records, -1)
 
 
+def test_replayed_sequences_train_but_are_never_held_out(records: list[dict]) -> None:
+    def contents(chosen: list[dict]) -> set[tuple[int, ...]]:
+        return {tuple(r["tokens"].tolist()) for r in chosen}
+
+    new, old = records[: len(records) // 2], records[len(records) // 2 :]
+    alone_training, alone_held = hold_out(new, 3)
+    training, held = hold_out(new, 3, old)
+    assert contents(held) == contents(alone_held)  # replaying leaves the measurement alone
+    assert contents(training) == contents(alone_training) | (contents(old) - contents(held))
+    # an old copy of a held-out sequence is dropped rather than trained on
+    training, held = hold_out(new, 3, old + held)
+    assert not contents(held) & contents(training)
+
+
 def test_training_resumes_from_its_checkpoint(
     tiny_model_dir: Path, records: list[dict], tmp_path: Path
 ) -> None:
@@ -287,3 +301,61 @@ def test_cli_trains_the_baselines_on_the_streams_distilled_data(
         assert generated.exit_code == 0, generated.output
         assert json.loads(generated.stdout)["exact_match_vs_ar"] is True
     assert [s.stat().st_mtime_ns for s in shards] == stamps
+
+
+def test_cli_replays_an_earlier_runs_distilled_answers(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """`train streams --replay RUN` trains on RUN's distilled answers too, without distilling
+    them again, and holds out only the new run's own sequences; a folder distilled at another
+    layer (or none) is refused by name before anything is distilled."""
+    from typer.testing import CliRunner
+
+    from edgestream.cli import app
+
+    runner = CliRunner()
+    common = ["--model", str(tiny_model_dir), "--max-new-tokens", "8", "--capture-layers", "2"]
+    common += ["--steps", "2", "--batch", "2", "--positions", "4", "--stream-layers", "1"]
+    common += ["--draft-vocab", "64", "--dev-sequences", "1"]
+
+    def train(name: str, lines: list[str], *extra: str) -> dict:
+        prompts = tmp_path / f"{name}.txt"
+        prompts.write_text("\n".join(lines) + "\n")
+        out = tmp_path / name
+        args = ["train", "streams", *common, "--prompts", str(prompts), "--out", str(out)]
+        result = runner.invoke(app, [*args, *extra])
+        assert result.exit_code == 0, result.output
+        with safe_open(str(out / "streams.safetensors"), framework="pt") as f:
+            return json.loads(f.metadata()["info"])
+
+    # ten distinct prompts per run, so each holds one sequence out (at most a tenth)
+    lines = [f"{i}. {text}" for i, text in enumerate(TINY_CORPUS * 5)]
+    half = len(lines) // 2
+    first = train("first", lines[:half])
+    shards = sorted((tmp_path / "first" / "distill-at-1").glob("shard-*.pt"))
+    stamps = [s.stat().st_mtime_ns for s in shards]
+    alone = train("alone", lines[half:])
+    replaying = train("replaying", lines[half:], "--replay", str(tmp_path / "first"))
+    assert [s.stat().st_mtime_ns for s in shards] == stamps  # read, not distilled again
+    assert replaying["replayed"] == [str(tmp_path / "first")]
+    assert replaying["dev_sequences"] == alone["dev_sequences"] == 1
+    assert replaying["sequences"] == alone["sequences"] + first["sequences"] + 1
+    assert replaying["dev_top1"] is not None
+
+    elsewhere = ["--replay", str(tmp_path / "first"), "--capture-layers", "1"]
+    result = runner.invoke(
+        app,
+        [
+            "train",
+            "streams",
+            *common,
+            "--prompts",
+            str(tmp_path / "alone.txt"),
+            "--out",
+            str(tmp_path / "never"),
+            *elsewhere,
+        ],
+    )
+    assert result.exit_code == 2
+    assert "no distilled answers captured at layer" in result.output
+    assert not (tmp_path / "never").exists()
