@@ -10,7 +10,9 @@ them alike:
 
 Arms are named `ss@LABEL` and `ss-pld@LABEL`, LABEL being each file's stem (or `--labels`);
 `--trees 8:4,3,2,1 12:8,6,4,2` gives every file a set of arms per draft tree (nodes: candidates
-per depth), named `ss@LABEL/12:8,6,4,2`; `--methods ss` leaves out the `ss-pld` arms.
+per depth), named `ss@LABEL/12:8,6,4,2`; `--methods ss` leaves out the `ss-pld` arms;
+`--context-drafts both` gives every arm a twin that drafts only from the streams' vocabulary
+(`/vocab`) next to the default that also drafts context tokens (`/context`).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from edgestream.llm.methods import Decoder, MethodOptions, make_decoder
 from edgestream.llm.tree import TreeShape, parse_counts
 
 STREAM_METHODS = ("ss", "ss-pld")
+CONTEXT_DRAFTS = {"on": (True,), "off": (False,), "both": (True, False)}
 
 
 def stream_arms(
@@ -35,16 +38,21 @@ def stream_arms(
     files: dict[str, Path],
     trees: tuple[TreeShape, ...] = (),
     methods: tuple[str, ...] = STREAM_METHODS,
+    context_drafts: tuple[bool, ...] = (True,),
 ) -> dict[str, Decoder]:
     """`ar` and `pld`, then `ss@label` and `ss-pld@label` for every labelled stream file; with
-    several `trees`, one set per tree, named `ss@label/NODES:K1,K2,...`."""
+    several `trees`, one set per tree, named `ss@label/NODES:K1,K2,...`; with both
+    `context_drafts` settings, one set each, named `.../context` and `.../vocab`."""
     decoders = {"ar": make_decoder("ar", lm), "pld": make_decoder("pld", lm)}
     for label, path in files.items():
         for tree in trees or (TreeShape(),):
-            options = MethodOptions(streams_path=path, tree=tree)
-            suffix = f"/{tree_name(tree)}" if len(trees) > 1 else ""
-            for method in methods:
-                decoders[f"{method}@{label}{suffix}"] = make_decoder(method, lm, options)
+            for context in context_drafts:
+                options = MethodOptions(streams_path=path, tree=tree, context_drafts=context)
+                suffix = f"/{tree_name(tree)}" if len(trees) > 1 else ""
+                if len(context_drafts) > 1:
+                    suffix += "/context" if context else "/vocab"
+                for method in methods:
+                    decoders[f"{method}@{label}{suffix}"] = make_decoder(method, lm, options)
     return decoders
 
 
@@ -75,6 +83,13 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--methods", default=",".join(STREAM_METHODS), help="stream arms: ss, ss-pld or both"
+    )
+    parser.add_argument(
+        "--context-drafts",
+        default="on",
+        choices=tuple(CONTEXT_DRAFTS),
+        help="draft context tokens outside the streams' vocabulary: on (the decoder's "
+        "default), off, or both (an arm set each)",
     )
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--threads", type=int, default=2)
@@ -130,7 +145,7 @@ def main(argv: list[str] | None = None) -> None:
             raise ValueError("no prompts: give --suite-limit > 0, --chat-probe > 0 or --prompts")
         torch.set_num_threads(args.threads)
         lm = load_language_model(args.model, args.dtype)
-        decoders = stream_arms(lm, files, trees, methods)
+        decoders = stream_arms(lm, files, trees, methods, CONTEXT_DRAFTS[args.context_drafts])
     except (ValueError, FileNotFoundError) as err:
         print(f"error: {err}", file=sys.stderr)
         sys.exit(2)

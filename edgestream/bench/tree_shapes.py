@@ -37,6 +37,12 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--top-k", nargs="+", default=["4,3,2,1", "8,6,4,2"], help="candidates per depth"
     )
+    parser.add_argument(
+        "--context-drafts",
+        default="on",
+        choices=("on", "off"),
+        help="draft context tokens outside the streams' vocabulary, as the decoder does (on)",
+    )
     parser.add_argument("--model", default="smollm2")
     parser.add_argument("--dtype", default="float32", choices=tuple(DTYPES))
     parser.add_argument("--threads", type=int, default=2)
@@ -77,7 +83,8 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(2)
     held = advance_states(model, held, captured_at, streams.split)
     objective = StreamObjective(model.requires_grad_(False), streams, streams.split)
-    drafts = held_out_drafts(objective, held, max(max(k) for k in widths))
+    context = args.context_drafts == "on"
+    drafts = held_out_drafts(objective, held, max(max(k) for k in widths), context_drafts=context)
     rows = []
     for top_k in widths:
         for n in nodes:
@@ -86,6 +93,7 @@ def main(argv: list[str] | None = None) -> None:
             print(f"{n:3d} nodes  top-k {','.join(map(str, top_k)):10s} {walk.tokens_per_pass:.3f}")
     if args.json is not None:
         report = {"streams": str(args.streams), "held_out": len(held), "dtype": args.dtype}
+        report["context_drafts"] = context
         args.json.write_text(json.dumps({**report, "trees": rows}, indent=1) + "\n")
 
 

@@ -201,6 +201,7 @@ def generate_ss(
     lookup_tokens: int = 0,
     lookup_ngram: int = 3,
     lookup_alone_ngram: int = 0,
+    context_drafts: bool = True,
 ) -> GenerationResult:
     """Speculative Streaming decoding; the output is `generate_ar`'s: token for token when
     greedy, the same distribution when sampling (the same tokens for the same seed).
@@ -219,6 +220,8 @@ def generate_ss(
     rows); on a CPU that costs less than streams at every node. Forward passes count the
     verification passes; the "accepted" stream runs are a fraction of a pass each.
     `head` is the streams' draft head, built here when not given (pass one to reuse it).
+    `context_drafts` lets the streams draft the prompt's and the answer's tokens that their
+    draft vocabulary lacks (`msa.ContextTokens`).
     """
     if placement not in STREAM_PLACEMENTS:
         raise ValueError(f"unknown placement {placement!r}: expected {STREAM_PLACEMENTS}")
@@ -242,11 +245,12 @@ def generate_ss(
     step = ss_forward(model, streams, torch.tensor([prompt_ids]), cache, stream_nodes=nodes)
     passes = 1
     root = pick(step.main_logits[0, -1])  # host sync: the root decides the tree
+    seen = head.context([*prompt_ids, root]) if context_drafts else None
     if in_pass:
         drafts = step.stream_hidden[0, 0]
     else:
         drafts = stream_pass(model, streams, step.split_hidden[:, -1], P - 1, cache, root)[0]
-    candidates, log_probs = head.top_k(drafts, k)
+    candidates, log_probs = head.top_k(drafts, k, seen)
     out.emit([root])
     alone: list[int] = []  # a lookup draft to verify without a stream tree
     while not out.done:
@@ -275,7 +279,10 @@ def generate_ss(
         passes += 1
         path, root = pick.accept(tree, step.main_logits[0])
         last = path[-1]
-        out.emit([tree.tokens[n] for n in path[1:]] + [root])
+        emitted = [tree.tokens[n] for n in path[1:]] + [root]
+        out.emit(emitted)
+        if seen is not None:
+            seen.add(emitted)
         cache.compact(prefix + torch.tensor(path), prefix)
         if out.done:
             break
@@ -291,7 +298,7 @@ def generate_ss(
             drafts = stream_pass(model, streams, step.split_hidden[:, last], position, cache, root)[
                 0
             ]
-        candidates, log_probs = head.top_k(drafts, k)
+        candidates, log_probs = head.top_k(drafts, k, seen)
     seconds = time.perf_counter() - start
     return GenerationResult(out.ids, passes, seconds, out.finish_reason(max_new_tokens))
 

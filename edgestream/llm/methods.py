@@ -55,6 +55,8 @@ class MethodOptions:
     lookup_alone_ngram: int = 2
     # Precision the streams and Medusa heads draft in (DRAFT_DTYPES; see `drafting_dtype`)
     draft_dtype: str = "auto"
+    # ss, ss-pld: the streams may also draft context tokens outside their draft vocabulary
+    context_drafts: bool = True
 
 
 def drafting_dtype(name: str, model_dtype: torch.dtype) -> torch.dtype:
@@ -135,6 +137,7 @@ def make_decoder(
         lookup_tokens=lookup,
         lookup_ngram=options.pld_ngram,
         lookup_alone_ngram=options.lookup_alone_ngram if lookup else 0,
+        context_drafts=options.context_drafts,
     )
 
 

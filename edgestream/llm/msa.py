@@ -308,17 +308,64 @@ class DraftHead:
             self.head: nn.Module = _converted(model.output, self.dtype)
             return
         self.vocab = streams.draft_vocab
-        rows = model.lm_head_weight()[self.vocab].to(self.dtype)  # (V_d, dim), a copy
+        self.model_rows = model.lm_head_weight()  # (V, dim): rows for context tokens
+        self.in_vocab = frozenset(self.vocab.tolist())
+        rows = self.model_rows[self.vocab].to(self.dtype)  # (V_d, dim), a copy
         linear = nn.Linear(rows.shape[1], rows.shape[0], bias=False, dtype=self.dtype)
         linear.weight = nn.Parameter(rows, requires_grad=False)
         self.head = packed_or_plain(linear)
 
-    def top_k(self, stream_hidden: Tensor, k: int) -> tuple[Tensor, Tensor]:
-        """(gamma, dim) final-norm states -> top-k token ids and log-probabilities (gamma, k)."""
-        logits = self.head(stream_hidden.to(self.dtype)).float()
-        log_probs, index = torch.log_softmax(logits, -1).topk(k, -1)
-        tokens = index if self.vocab is None else self.vocab[index]
+    def context(self, tokens: list[int]) -> ContextTokens | None:
+        """A request's context vocabulary, starting from its prompt; None where the streams
+        draft over the whole vocabulary anyway."""
+        if self.vocab is None:
+            return None
+        context = ContextTokens(self)
+        context.add(tokens)
+        return context
+
+    def top_k(
+        self, stream_hidden: Tensor, k: int, context: ContextTokens | None = None
+    ) -> tuple[Tensor, Tensor]:
+        """(gamma, dim) final-norm states -> top-k token ids and log-probabilities (gamma, k),
+        among the draft vocabulary and the `context` tokens outside it."""
+        hidden = stream_hidden.to(self.dtype)
+        logits = self.head(hidden)
+        ids = self.vocab
+        if context is not None and context.ids:
+            logits = torch.cat([logits, nn.functional.linear(hidden, context.rows)], -1)
+            ids = context.all_ids
+        log_probs, index = torch.log_softmax(logits.float(), -1).topk(k, -1)
+        tokens = index if ids is None else ids[index]
         return tokens, log_probs
+
+
+class ContextTokens:
+    """The tokens a request has already seen (prompt, answer so far) that the draft vocabulary
+    lacks, drafted too: answers repeat their prompts' names and terms, which a vocabulary of
+    frequent answer tokens misses. Measured on 1,399 distilled answers: 7.7% of answer tokens
+    are outside the 8,192-token draft vocabulary, and 79% of those were already in the context.
+    Their rows are the model's own LM head rows, the head the streams were trained through, so
+    the streams' states score them as they score any token; a row costs one dot product.
+    """
+
+    def __init__(self, head: DraftHead) -> None:
+        self.head = head
+        self.ids: list[int] = []
+        self.rows = torch.zeros(0, head.model_rows.shape[1], dtype=head.dtype)
+        self.all_ids = head.vocab  # draft vocabulary, then self.ids: the ids of logit columns
+
+    def add(self, tokens: list[int]) -> None:
+        """Take in tokens the request has seen; those outside the draft vocabulary and not yet
+        held become draftable."""
+        known = set(self.ids)
+        new = [t for t in dict.fromkeys(tokens) if t not in known and t not in self.head.in_vocab]
+        if not new:
+            return
+        self.ids += new
+        rows = self.head.model_rows[new].to(self.head.dtype)
+        self.rows = torch.cat([self.rows, rows])
+        self.all_ids = torch.cat([self.all_ids, torch.tensor(new, dtype=self.all_ids.dtype)])
 
 
 def stream_inputs(

@@ -157,6 +157,11 @@ class StreamObjective(nn.Module):
 
     def draft_logits(self, batch: Batch) -> Tensor:
         """(B, n, gamma, draft vocabulary) float32 logits of every stream at `batch.positions`."""
+        return F.linear(self.draft_states(batch), self.head_weight).float()
+
+    def draft_states(self, batch: Batch) -> Tensor:
+        """(B, n, gamma, dim) final-norm states of every stream at `batch.positions`: what the
+        LM head reads."""
         model, streams = self.model, self.streams
         B, L, _ = batch.split_hidden.shape
         gamma = streams.config.n_streams
@@ -181,11 +186,7 @@ class StreamObjective(nn.Module):
             if s is not None:
                 s = stream_layer(block, adapter_for(streams, i), s, srope, smask, cache, i, L)
         assert s is not None
-        return (
-            F.linear(model.norm(s), self.head_weight)
-            .float()
-            .view(B, -1, gamma, len(self.head_weight))
-        )
+        return model.norm(s).view(B, -1, gamma, s.shape[-1])
 
     def vocabulary_ids(self, rows: Tensor) -> Tensor:
         """Rows of the draft head -> the model's token ids."""

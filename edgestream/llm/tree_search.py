@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from edgestream.llm.train import StreamObjective, TrainConfig, every_answer_position
@@ -45,28 +46,58 @@ class Walk:
 
 @torch.no_grad()
 def held_out_drafts(
-    objective: StreamObjective, records: list[dict], k: int, batch_sequences: int = 4
+    objective: StreamObjective,
+    records: list[dict],
+    k: int,
+    batch_sequences: int = 4,
+    context_drafts: bool = True,
 ) -> list[AnswerDrafts]:
-    """The streams' top-k candidates at every answer position of distilled `records`."""
+    """The streams' top-k candidates at every answer position of distilled `records`; with
+    `context_drafts`, as the decoder drafts by default, among the draft vocabulary and the
+    tokens outside it that the context (prompt, answer up to the root) already holds."""
     gamma = objective.streams.config.n_streams
+    vocab_ids = objective.vocabulary_ids(torch.arange(len(objective.head_weight)))
     drafts = []
     for start in range(0, len(records), batch_sequences):
         chunk = records[start : start + batch_sequences]
-        batch = every_answer_position(chunk, TrainConfig(), gamma)
-        log_probs, rows = torch.log_softmax(objective.draft_logits(batch), -1).topk(k, -1)
-        candidates = objective.vocabulary_ids(rows)
+        states = objective.draft_states(every_answer_position(chunk, TrainConfig(), gamma))
         for b, record in enumerate(chunk):
             # make_batch lists every answer position in order, then pads
             n = len(record["tokens"]) - record["prompt_length"] - 1
+            logits = F.linear(states[b, :n], objective.head_weight).float()
+            ids = vocab_ids
+            if context_drafts and objective.streams.config.draft_vocab_size:
+                logits, ids = _with_context(objective, states[b, :n], logits, record, vocab_ids)
+            log_probs, columns = torch.log_softmax(logits, -1).topk(k, -1)
             drafts.append(
                 AnswerDrafts(
-                    record["tokens"].tolist(),
-                    record["prompt_length"],
-                    candidates[b, :n].clone(),
-                    log_probs[b, :n].clone(),
+                    record["tokens"].tolist(), record["prompt_length"], ids[columns], log_probs
                 )
             )
     return drafts
+
+
+def _with_context(
+    objective: StreamObjective, states: Tensor, logits: Tensor, record: dict, vocab_ids: Tensor
+) -> tuple[Tensor, Tensor]:
+    """Logits (n, gamma, V_d) extended by the record's tokens outside the draft vocabulary,
+    each masked out at the answer positions that precede its first occurrence, and the ids of
+    every column: what `msa.ContextTokens` gives the decoder at each position."""
+    in_vocab = set(vocab_ids.tolist())
+    first: dict[int, int] = {}
+    for position, token in enumerate(record["tokens"].tolist()):
+        if token not in in_vocab:
+            first.setdefault(token, position)
+    if not first:
+        return logits, vocab_ids
+    extra = torch.tensor(list(first))
+    rows = objective.model.lm_head_weight()[extra].to(states.dtype)
+    extra_logits = F.linear(states, rows).float()  # (n, gamma, E)
+    # Answer position i is t = P - 1 + i, whose context ends with the root, token P + i.
+    known_from = torch.tensor(list(first.values())) - record["prompt_length"]
+    unknown = torch.arange(len(states))[:, None] < known_from[None, :]  # (n, E)
+    extra_logits = extra_logits.masked_fill(unknown[:, None, :], float("-inf"))
+    return torch.cat([logits, extra_logits], -1), torch.cat([vocab_ids, extra])
 
 
 def simulate(drafts: list[AnswerDrafts], shape: TreeShape) -> Walk:

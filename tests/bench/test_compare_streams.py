@@ -54,6 +54,15 @@ def test_every_tree_gets_its_arms(
     assert methods["ss@s/1:4"]["overall"]["mean_accepted"] <= 1.0  # the root alone per pass
 
 
+def test_context_drafts_both_gives_each_arm_a_vocabulary_only_twin(
+    tiny_model_dir: Path, tmp_path: Path, two_stream_files: tuple[Path, Path]
+) -> None:
+    argv = [str(two_stream_files[0]), "--labels", "s", "--context-drafts", "both"]
+    methods = _compare(tiny_model_dir, tmp_path, *argv, "--methods", "ss")
+    assert list(methods) == ["ar", "pld", "ss@s/context", "ss@s/vocab"]
+    assert all(m["overall"]["exact_match_vs_ar"] == 1.0 for m in methods.values())
+
+
 def test_missing_file_clashing_labels_and_negative_counts_are_refused(
     two_stream_files: list[Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

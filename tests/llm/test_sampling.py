@@ -48,6 +48,14 @@ def streams(model: Transformer) -> SpeculativeStreams:
 
 
 @pytest.fixture(scope="module")
+def narrow_streams(model: Transformer) -> SpeculativeStreams:
+    """Streams drafting among 50 tokens: the prompts' other tokens reach them only as context
+    drafts (`msa.ContextTokens`)."""
+    config = StreamConfig(3, n_stream_layers=2, adapter_rank=4, draft_vocab_size=50)
+    return _randomised(SpeculativeStreams(model.config, config), 0.2)
+
+
+@pytest.fixture(scope="module")
 def heads(model: Transformer) -> MedusaHeads:
     return _randomised(MedusaHeads(model.config, MedusaConfig(3, 0)), 0.5)
 
@@ -58,13 +66,18 @@ def _prompt(n: int, seed: int, vocab: int = 300) -> list[int]:
 
 @pytest.mark.parametrize("sampling", SAMPLINGS, ids=str)
 def test_sampled_output_equals_ar_sampling_with_the_same_seed(
-    model: Transformer, streams: SpeculativeStreams, heads: MedusaHeads, sampling: Sampling
+    model: Transformer,
+    streams: SpeculativeStreams,
+    narrow_streams: SpeculativeStreams,
+    heads: MedusaHeads,
+    sampling: Sampling,
 ) -> None:
     prompt = _prompt(12, sampling.seed) + _prompt(12, sampling.seed, vocab=10) * 2
     ar = generate_ar(model, prompt, 48, sampling=sampling).token_ids
     greedy = generate_ar(model, prompt, 48).token_ids
     assert ar != greedy, "sampling should leave the greedy path (test premise)"
     assert generate_ss(model, streams, prompt, 48, sampling=sampling).token_ids == ar
+    assert generate_ss(model, narrow_streams, prompt, 48, sampling=sampling).token_ids == ar
     hybrid = generate_ss(model, streams, prompt, 48, sampling=sampling, lookup_tokens=5)
     assert hybrid.token_ids == ar
     assert generate_pld(model, prompt, 48, sampling=sampling).token_ids == ar
