@@ -77,6 +77,7 @@ def test_the_tree_options_reach_the_decoder(tiny_model_dir: Path, tiny_streams: 
     assert root_only["mean_accepted"] == 1.0 and root_only["exact_match_vs_ar"] is True
     chain = generate("--tree-nodes", "4", "--tree-top-k", "1,1,1")
     assert chain["exact_match_vs_ar"] is True
+    assert generate("--no-context-drafts")["exact_match_vs_ar"] is True
 
 
 def _bad_input_cases(tiny: Path, tmp: Path) -> list[tuple[list[str], str]]:

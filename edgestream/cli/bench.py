@@ -18,6 +18,7 @@ from edgestream.cli.common import (
     AsrModelName,
     Beam,
     ChunkMs,
+    ContextDrafts,
     DraftDtype,
     DraftModelPath,
     JsonReport,
@@ -152,6 +153,7 @@ def bench_spec_command(
     tree_nodes: TreeNodes = None,
     tree_top_k: TreeTopK = None,
     tree_min_prob: TreeMinProb = 0.0,
+    context_drafts: ContextDrafts = True,
     draft_tokens: Annotated[int, typer.Option(help="Tokens drafted per pass (draft).")] = 4,
     pld_tokens: Annotated[int, typer.Option(help="Longest prompt-lookup draft (pld).")] = 10,
     lookup_tokens: Annotated[
@@ -230,6 +232,7 @@ def bench_spec_command(
         lookup_alone_ngram=lookup_alone_ngram,
         draft_dtype=draft_dtype,
         tree=tree,
+        context_drafts=context_drafts,
     )
     if "llamacpp" in names and not llamacpp_available():
         stderr.print(
@@ -268,12 +271,14 @@ def bench_spec_command(
         "lookup_tokens": lookup_tokens,
         "lookup_alone_ngram": lookup_alone_ngram,
         "draft_dtype": str(drafting).removeprefix("torch."),
+        "context_drafts": context_drafts,
     }
     if memory:
         generate_options = ["--model", model, "--dtype", dtype, "--threads", str(threads)]
         generate_options += ["--draft-dtype", draft_dtype, "--tree-nodes", str(tree.max_nodes)]
         generate_options += ["--tree-top-k", ",".join(map(str, tree.top_k))]
         generate_options += ["--tree-min-prob", str(tree.min_path_prob)]
+        generate_options += ["--context-drafts" if context_drafts else "--no-context-drafts"]
         weights = {"--streams": streams, "--medusa": medusa, "--draft": draft, "--adapter": adapter}
         for flag, path in weights.items():
             if path is not None:

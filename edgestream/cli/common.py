@@ -192,6 +192,15 @@ TreeMinProb = Annotated[
 ]
 
 
+ContextDrafts = Annotated[
+    bool,
+    typer.Option(
+        help="ss, ss-pld: let the streams also draft the prompt's and the answer's tokens "
+        "that their draft vocabulary lacks. The output does not change."
+    ),
+]
+
+
 def tree_shape(nodes: int | None, top_k: str | None, min_prob: float = 0.0) -> TreeShape:
     """The draft tree from --tree-nodes, --tree-top-k and --tree-min-prob; defaults where
     not given."""

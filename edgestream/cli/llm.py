@@ -14,6 +14,7 @@ import typer
 from edgestream.cli.common import (
     METHODS,
     AdapterPath,
+    ContextDrafts,
     DraftDtype,
     DraftModelPath,
     MedusaHeadsPath,
@@ -63,6 +64,7 @@ def generate(
     tree_nodes: TreeNodes = None,
     tree_top_k: TreeTopK = None,
     tree_min_prob: TreeMinProb = 0.0,
+    context_drafts: ContextDrafts = True,
     compare: Annotated[
         bool, typer.Option(help="Also decode with ar and report the speedup and exact match.")
     ] = False,
@@ -96,6 +98,7 @@ def generate(
         draft_path=draft,
         draft_dtype=draft_dtype,
         tree=tree,
+        context_drafts=context_drafts,
     )
     decode = make_decoder(method, lm, options)
     prompt_ids = lm.encode_prompt(prompt, chat)

@@ -112,6 +112,7 @@ def test_cli_writes_the_json_it_promises(
             "3,2",
             "--tree-min-prob",
             "0.05",
+            "--no-context-drafts",
             "--json",
             str(out),
         ],
@@ -121,6 +122,7 @@ def test_cli_writes_the_json_it_promises(
     assert report["setup"]["options"]["draft_dtype"] == "bfloat16"
     tree = {"top_k": [3, 2], "max_nodes": 6, "min_path_prob": 0.05}
     assert report["setup"]["options"]["tree"] == tree
+    assert report["setup"]["options"]["context_drafts"] is False
     assert {"model", "max_new_tokens", "methods"} <= report.keys()
     assert set(report["methods"]) == {"ar", "ss"}
     assert report["methods"]["ss"]["extra_parameters"] > 0
