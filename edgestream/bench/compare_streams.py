@@ -46,9 +46,10 @@ def stream_arms(
     decoders = {"ar": make_decoder("ar", lm), "pld": make_decoder("pld", lm)}
     for label, path in files.items():
         for tree in trees or (TreeShape(),):
+            tree_suffix = f"/{tree_name(tree)}" if len(trees) > 1 else ""
             for context in context_drafts:
                 options = MethodOptions(streams_path=path, tree=tree, context_drafts=context)
-                suffix = f"/{tree_name(tree)}" if len(trees) > 1 else ""
+                suffix = tree_suffix
                 if len(context_drafts) > 1:
                     suffix += "/context" if context else "/vocab"
                 for method in methods:

@@ -439,7 +439,7 @@ def train_streams_command(
         threads,
         train,
         skip_per_task,
-        replay or (),
+        replay=replay or (),
     )
     if result is None:
         return

@@ -352,17 +352,20 @@ class ContextTokens:
     def __init__(self, head: DraftHead) -> None:
         self.head = head
         self.ids: list[int] = []
+        self.held: set[int] = set()  # self.ids, for membership on every pass
         self.rows = torch.zeros(0, head.model_rows.shape[1], dtype=head.dtype)
         self.all_ids = head.vocab  # draft vocabulary, then self.ids: the ids of logit columns
 
     def add(self, tokens: list[int]) -> None:
         """Take in tokens the request has seen; those outside the draft vocabulary and not yet
         held become draftable."""
-        known = set(self.ids)
-        new = [t for t in dict.fromkeys(tokens) if t not in known and t not in self.head.in_vocab]
+        new = [
+            t for t in dict.fromkeys(tokens) if t not in self.held and t not in self.head.in_vocab
+        ]
         if not new:
             return
         self.ids += new
+        self.held.update(new)
         rows = self.head.model_rows[new].to(self.head.dtype)
         self.rows = torch.cat([self.rows, rows])
         self.all_ids = torch.cat([self.all_ids, torch.tensor(new, dtype=self.all_ids.dtype)])

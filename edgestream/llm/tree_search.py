@@ -57,6 +57,7 @@ def held_out_drafts(
     tokens outside it that the context (prompt, answer up to the root) already holds."""
     gamma = objective.streams.config.n_streams
     vocab_ids = objective.vocabulary_ids(torch.arange(len(objective.head_weight)))
+    in_vocab = frozenset(vocab_ids.tolist())
     drafts = []
     for start in range(0, len(records), batch_sequences):
         chunk = records[start : start + batch_sequences]
@@ -67,7 +68,9 @@ def held_out_drafts(
             logits = F.linear(states[b, :n], objective.head_weight).float()
             ids = vocab_ids
             if context_drafts and objective.streams.config.draft_vocab_size:
-                logits, ids = _with_context(objective, states[b, :n], logits, record, vocab_ids)
+                logits, ids = _with_context(
+                    objective, states[b, :n], logits, record, vocab_ids, in_vocab
+                )
             log_probs, columns = torch.log_softmax(logits, -1).topk(k, -1)
             drafts.append(
                 AnswerDrafts(
@@ -78,12 +81,16 @@ def held_out_drafts(
 
 
 def _with_context(
-    objective: StreamObjective, states: Tensor, logits: Tensor, record: dict, vocab_ids: Tensor
+    objective: StreamObjective,
+    states: Tensor,
+    logits: Tensor,
+    record: dict,
+    vocab_ids: Tensor,
+    in_vocab: frozenset[int],
 ) -> tuple[Tensor, Tensor]:
     """Logits (n, gamma, V_d) extended by the record's tokens outside the draft vocabulary,
     each masked out at the answer positions that precede its first occurrence, and the ids of
     every column: what `msa.ContextTokens` gives the decoder at each position."""
-    in_vocab = set(vocab_ids.tolist())
     first: dict[int, int] = {}
     for position, token in enumerate(record["tokens"].tolist()):
         if token not in in_vocab:
