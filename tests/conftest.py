@@ -9,6 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from edgestream.datasets import default_data_dir
+
 TINY_CHAT_TEMPLATE = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
     "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
@@ -92,6 +94,12 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     model.save_pretrained(directory)
     tokenizer.save_pretrained(directory)
     return directory
+
+
+needs_shared_data = pytest.mark.skipif(
+    not (default_data_dir() / "llm").is_dir(),
+    reason=f"shared task data not found at {default_data_dir().resolve()} (set EDGESTREAM_DATA)",
+)
 
 
 def smollm2_available() -> bool:

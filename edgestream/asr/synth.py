@@ -509,15 +509,23 @@ def synthesize_corpus(
     config: SynthConfig = SynthConfig(),
     progress: Callable[[int, int], None] | None = None,
     sentences: SentenceSplits | None = None,
+    splits: Sequence[str] = SPLITS,
 ) -> CorpusSummary:
     """Synthesise about `hours` of audio into `out_dir`, resuming whatever exists there.
 
     `data_dir` is the shared data folder (see `text.resolve_data_dir`), unused when
     `sentences` is given. `workers` processes synthesise blocks in parallel. `progress(done,
     total)` is called with utterance counts as blocks finish (first with the skipped ones).
+    `splits` limits the work to some of the corpus's splits (e.g. dev and test, to evaluate
+    without synthesising hours of training speech); they are the same utterances the whole
+    corpus holds, so a later call for every split resumes into the same folder.
     """
     if workers < 1:
         raise ValueError(f"expected workers >= 1, got {workers}")
+    if not splits or not set(splits) <= set(SPLITS):
+        raise ValueError(
+            f"expected splits among {', '.join(SPLITS)}, got {', '.join(splits) or 'none'}"
+        )
     if not espeak_available():
         raise FileNotFoundError("eSpeak NG is missing: pip install espeakng-loader")
     if config.piper_fraction > 0 and not piper_available():
@@ -530,11 +538,11 @@ def synthesize_corpus(
             "the flite command is missing (Debian/Ubuntu: apt install flite), "
             "or leave the Flite fraction at 0"
         )
-    splits = sentences if sentences is not None else load_splits(data_dir)
-    plan = plan_corpus(splits, hours, seed, config)
+    sentence_splits = sentences if sentences is not None else load_splits(data_dir)
+    plan = [u for u in plan_corpus(sentence_splits, hours, seed, config) if u.split in splits]
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    _check_previous_run(out, _describe(hours, seed, config, splits))
+    _check_previous_run(out, _describe(hours, seed, config, sentence_splits))
     pending = [
         block
         for block in _blocks(plan, config.block_size)
@@ -555,13 +563,15 @@ def synthesize_corpus(
                 done += future.result()
                 if progress is not None:
                     progress(done, total)
-    return _write_manifests(out, plan, synthesized)
+    return _write_manifests(out, plan, synthesized, splits)
 
 
-def _write_manifests(out: Path, plan: Sequence[Utterance], synthesized: int) -> CorpusSummary:
+def _write_manifests(
+    out: Path, plan: Sequence[Utterance], synthesized: int, splits: Sequence[str]
+) -> CorpusSummary:
     manifests: dict[str, Path] = {}
     seconds: dict[str, dict[str, float]] = {}
-    for split in SPLITS:
+    for split in (s for s in SPLITS if s in splits):
         entries = []
         for utterance in (u for u in plan if u.split == split):
             duration = sf.info(out / utterance.path).frames / SAMPLE_RATE

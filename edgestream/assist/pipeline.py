@@ -18,7 +18,7 @@ from edgestream.asr.audio import SAMPLE_RATE
 from edgestream.asr.model_io import AsrModel, load_model
 from edgestream.asr.streaming import Recognizer, StreamingOptions
 from edgestream.asr.transcribe import Transcript, transcribe_file
-from edgestream.assist.rescore import LlmRescorer
+from edgestream.assist.rescore import LlmRescorer, load_rescorer
 from edgestream.llm.engine import GenerationResult, TokenCallback
 from edgestream.llm.loading import LanguageModel, load_language_model
 from edgestream.llm.methods import Decoder, MethodOptions, make_decoder
@@ -39,6 +39,11 @@ class AssistantConfig:
     # Rescore each transcript segment's candidates with the answering model (needs beam
     # search): the model is loaded anyway, and it lowers the word error (docs/asr.md).
     rescore: bool = True
+    # 'none': rescore with the answering model itself. 'default' (the bundled transcript
+    # adapter) or an adapter file: rescore with a second copy of the model that has the
+    # adapter merged, which hears better but costs another copy's memory and load time; the
+    # answering model is never adapted, so answers stay the base model's.
+    rescore_adapter: str = "none"
 
     def __post_init__(self) -> None:
         if self.max_new_tokens < 1:
@@ -94,6 +99,11 @@ class Assistant:
     @classmethod
     def load(cls, config: AssistantConfig = AssistantConfig()) -> Assistant:
         asr = load_model(config.asr_model)
+        streaming = config.streaming
+        wants_copy = config.rescore and config.rescore_adapter != "none"
+        if wants_copy and streaming.beam and streaming.rescorer is None:
+            rescorer = load_rescorer(config.llm, config.dtype, config.rescore_adapter)
+            config = replace(config, streaming=replace(streaming, rescorer=rescorer))
         return cls(asr, load_language_model(config.llm, config.dtype), config)
 
     def recognizer(self) -> Recognizer:

@@ -17,6 +17,7 @@ from edgestream.cli.common import (
     LeftChunks,
     LmName,
     Rescore,
+    RescoreAdapter,
     VadOption,
     app,
     asr_app,
@@ -49,6 +50,13 @@ def asr_synth_command(
             "command); above 0 the test set gains Flite groups."
         ),
     ] = 0.0,
+    splits: Annotated[
+        str,
+        typer.Option(
+            help="Comma-separated splits to synthesise, e.g. dev,test to evaluate a model "
+            "without the training hours (the same utterances as the whole corpus)."
+        ),
+    ] = "train,dev,test",
 ) -> None:
     """Synthesise a speech corpus (16 kHz WAV + JSON Lines manifests) from TTS voices."""
     from rich.progress import Progress
@@ -71,6 +79,7 @@ def asr_synth_command(
             workers,
             config,
             progress=lambda done, total: bar.update(task, completed=done, total=total),
+            splits=[s.strip() for s in splits.split(",") if s.strip()],
         )
     for split, groups in summary.seconds.items():
         detail = ", ".join(f"{g} {sec / 3600:.2f} h" for g, sec in sorted(groups.items()))
@@ -204,6 +213,7 @@ def transcribe(
     beam: Beam = None,
     lm: LmName = "default",
     rescore: Rescore = "none",
+    rescore_adapter: RescoreAdapter = "default",
     vad: VadOption = False,
     stream: Annotated[bool, typer.Option(help="Print partial results as they come.")] = False,
     threads: Annotated[int | None, typer.Option(help="CPU threads (default: PyTorch's).")] = None,
@@ -222,7 +232,7 @@ def transcribe(
         if resolve_backend(model, backend) != "onnx":  # onnxruntime takes them per session
             set_threads(threads)
         asr = load_streaming_model(model, backend, threads)  # a bad model fails before an LLM loads
-        options = streaming_options(chunk_ms, left_chunks, beam, lm, vad, rescore)
+        options = streaming_options(chunk_ms, left_chunks, beam, lm, vad, rescore, rescore_adapter)
         asr.chunk_encoder(options.left_chunks * options.chunk_frames)  # settings it can run
     except (ValueError, FileNotFoundError) as err:
         print(f"error: {str(err).splitlines()[0]}", file=sys.stderr)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -18,12 +19,23 @@ from edgestream.cli.common import (
     set_threads,
     stderr,
     streaming_options,
+    train_app,
+    training_progress,
     user_errors,
 )
 
 AssistRescore = Annotated[
     bool,
     typer.Option(help="Rescore the transcript's candidates with the answering model."),
+]
+
+AssistRescoreAdapter = Annotated[
+    str,
+    typer.Option(
+        help="'none': rescore with the answering model itself. 'default' (the bundled "
+        "transcript adapter) or an adapter file: rescore with a second copy of the model "
+        "with it merged (hears better; another copy's memory and load time).",
+    ),
 ]
 
 
@@ -41,6 +53,7 @@ def assist(
     chunk_ms: ChunkMs = 640,
     lm: LmName = "default",
     rescore: AssistRescore = True,
+    rescore_adapter: AssistRescoreAdapter = "none",
     compare: Annotated[
         bool, typer.Option(help="Also decode the answer with ar: speedup and exact match.")
     ] = True,
@@ -63,6 +76,7 @@ def assist(
         streaming=streaming_options(chunk_ms, 4, None, lm),
         max_new_tokens=max_new_tokens,
         rescore=rescore,
+        rescore_adapter=rescore_adapter,
     )
     assistant = Assistant.load(config)
 
@@ -124,6 +138,7 @@ def serve(
     max_streams: Annotated[int, typer.Option(help="Concurrent audio streams allowed.")] = 16,
     lm: LmName = "default",
     rescore: AssistRescore = True,
+    rescore_adapter: AssistRescoreAdapter = "none",
     threads: Annotated[int | None, typer.Option(help="CPU threads (default: PyTorch's).")] = None,
 ) -> None:
     """Serve the voice assistant: a web page, streaming transcription and answers."""
@@ -146,6 +161,7 @@ def serve(
         streaming=streaming_options(640, 4, None, lm),
         max_new_tokens=max_new_tokens,
         rescore=rescore,
+        rescore_adapter=rescore_adapter,
     )
     assistant = Assistant.load(config)
     methods = assistant.methods()  # loads the stream weights now, not on the first request
@@ -155,3 +171,81 @@ def serve(
     if host not in ("127.0.0.1", "localhost", "::1") and token is None:
         stderr.print("[bold]warning: listening beyond loopback without --token[/bold]")
     run_server(assistant, settings, host, port)
+
+
+@train_app.command("rescorer")
+@user_errors
+def train_rescorer_command(
+    out: Annotated[Path, typer.Option(help="Run folder (resumed if it holds a checkpoint).")],
+    model: Annotated[str, typer.Option(help="Model name (smollm2) or local path.")] = "smollm2",
+    text: Annotated[
+        Path | None, typer.Option(help="Plain text to learn from (default: the task text).")
+    ] = None,
+    data: Annotated[Path | None, typer.Option(help="Shared data folder (sentence source).")] = None,
+    steps: Annotated[int, typer.Option(help="Optimizer steps.")] = 900,
+    batch: Annotated[int, typer.Option(help="Sentences per step (per process).")] = 32,
+    lr: Annotated[float, typer.Option(help="Peak learning rate.")] = 1e-3,
+    warmup: Annotated[int, typer.Option(help="Linear warm-up steps.")] = 50,
+    lora_rank: Annotated[int, typer.Option(help="LoRA rank.")] = 16,
+    held_out: Annotated[
+        int, typer.Option(help="Held-out sentences whose perplexity is reported before and after.")
+    ] = 400,
+    export: Annotated[Path | None, typer.Option(help="Write the adapter here.")] = None,
+    threads: Annotated[int | None, typer.Option(help="CPU threads per process.")] = None,
+) -> None:
+    """Adapt the language model to transcripts (LoRA, next-token loss), for `--rescore`.
+
+    Without --text it learns from the train split of the task text, normalised like
+    transcripts (the word trigram's text); its held-out sentences are the dev split's. With
+    --text, any UTF-8 text, normalised the same way; every 50th sentence is held out."""
+    import time
+
+    from edgestream.asr.text import lm_sentences, load_splits, text_sentences
+    from edgestream.assist.transcript_lm import nats_per_token, transcript_records
+    from edgestream.llm.loading import load_language_model
+    from edgestream.llm.lora import LoRAConfig
+    from edgestream.llm.shared import save_adapter, train_shared
+    from edgestream.llm.train import TrainConfig
+    from edgestream.training import distributed_context
+
+    config = TrainConfig(
+        steps=steps, batch_sequences=batch, positions_per_sequence=64, lr=lr, warmup_steps=warmup
+    )
+    lora_config = LoRAConfig(rank=lora_rank, alpha=2.0 * lora_rank)
+    if text is not None:
+        every = text_sentences(text)
+        training, held = [s for i, s in enumerate(every) if i % 50], every[::50]
+    else:
+        training, held = lm_sentences(data), list(load_splits(data).dev)
+    held = held[:: max(1, len(held) // held_out)][:held_out] if held_out > 0 else []
+    set_threads(threads)
+    quiet_libraries()
+    rank, world = distributed_context()
+    lm = load_language_model(model, "bfloat16", pack=False)  # LoRA needs plain layers
+    before = nats_per_token(lm, held) if held and rank == 0 else None
+    records = transcript_records(lm, training)
+    started = time.time()
+    with training_progress("token", config.steps, rank, started) as (_bar, report):
+        weights = train_shared(lm.model, records, lora_config, None, config, out, model, report)
+    if rank != 0:
+        return
+    after = nats_per_token(lm, held) if held else None
+    info = {
+        "model": model,
+        "purpose": "rescoring transcripts",
+        "text": str(text) if text is not None else "task text, train split",
+        "sentences": len(records),
+        "held_out_sentences": len(held),
+        "held_out_nats_per_token": [before and round(before, 4), after and round(after, 4)],
+        "processes": world,
+        "train_config": config.__dict__,
+        "wall_seconds": round(time.time() - started),
+    }
+    target = export or out / "adapter.safetensors"
+    save_adapter(weights, lora_config, target, info)
+    if held:
+        stderr.print(
+            f"held-out perplexity ({len(held)} sentences): {math.exp(before):.1f} before, "
+            f"{math.exp(after):.1f} after"
+        )
+    stderr.print(f"adapter: {target} ({len(records):,} sentences, {info['wall_seconds']} s)")

@@ -26,6 +26,7 @@ from edgestream.cli.common import (
     LmName,
     MedusaHeadsPath,
     Rescore,
+    RescoreAdapter,
     TreeMinProb,
     TreeNodes,
     TreeTopK,
@@ -533,6 +534,7 @@ def bench_asr_command(
     beam: Beam = None,
     lm: LmName = "default",
     rescore: Rescore = "none",
+    rescore_adapter: RescoreAdapter = "default",
     vad: VadOption = False,
     limit: Annotated[int | None, typer.Option(help="At most this many utterances.")] = None,
     pocketsphinx: Annotated[bool, typer.Option(help="Also run pocketsphinx.")] = True,
@@ -551,7 +553,7 @@ def bench_asr_command(
     from edgestream.bench.asr import bench_asr, read_bench_manifest
 
     utterances = read_bench_manifest(manifest, limit)
-    options = streaming_options(chunk_ms, left_chunks, beam, lm, vad, rescore)
+    options = streaming_options(chunk_ms, left_chunks, beam, lm, vad, rescore, rescore_adapter)
     for output in (json_path, hypotheses):  # fail now, not after the whole run
         if output is not None and not output.parent.is_dir():
             raise FileNotFoundError(f"no folder {output.parent} to write {output.name} into")

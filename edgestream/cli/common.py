@@ -7,10 +7,11 @@ stderr and exit code 2 (`user_errors`); tracebacks are for bugs only.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, ParamSpec, TypeVar
 
@@ -290,6 +291,16 @@ Rescore = Annotated[
 ]
 
 
+RescoreAdapter = Annotated[
+    str,
+    typer.Option(
+        help="LoRA adapter merged into the rescoring model: 'default' (for smollm2, the bundled "
+        "adapter trained on transcript text by `train rescorer`; none for other models), "
+        "'none', or an adapter file.",
+    ),
+]
+
+
 VadOption = Annotated[
     bool,
     typer.Option(help="End segments on Silero VAD's silence instead of CTC blanks (silero-vad)."),
@@ -303,6 +314,7 @@ def streaming_options(
     lm: str,
     vad: bool = False,
     rescore: str = "none",
+    rescore_adapter: str = "default",
 ) -> object:
     from edgestream.asr.lm import load_lm
     from edgestream.asr.streaming import StreamingOptions
@@ -328,7 +340,7 @@ def streaming_options(
 
     from edgestream.assist.rescore import load_rescorer
 
-    return replace(options, rescorer=load_rescorer(rescore))
+    return replace(options, rescorer=load_rescorer(rescore, adapter=rescore_adapter))
 
 
 def show_report(table: object, report: object, json_path: Path | None) -> None:
@@ -350,3 +362,27 @@ def training_bar(rank: int) -> object:
         TimeRemainingColumn(),
     )
     return Progress(*columns, console=stderr, disable=rank != 0)
+
+
+@contextlib.contextmanager
+def training_progress(
+    kind: str, steps: int, rank: int, started: float
+) -> Iterator[tuple[object, Callable[[int, float, list[float]], None]]]:
+    """A rich progress display (rank 0 only) and the per-step report that feeds it; every 50
+    steps a lasting line too, for logs."""
+    import time
+
+    with training_bar(rank) as bar:
+        task = None
+
+        def report(step: int, loss: float, accuracy: list[float]) -> None:
+            nonlocal task
+            if task is None:
+                task = bar.add_task("training", total=steps, info="")
+            acc = " ".join(f"{a:.2f}" for a in accuracy)
+            info = f"loss {loss:.3f}  top-1 per {kind} {acc}"
+            bar.update(task, completed=step, info=info)
+            if step % 50 == 0:
+                bar.console.print(f"step {step}/{steps}  {info}  {time.time() - started:.0f} s")
+
+        yield bar, report

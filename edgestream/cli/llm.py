@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import sys
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Annotated
 
@@ -30,7 +29,7 @@ from edgestream.cli.common import (
     set_threads,
     stderr,
     train_app,
-    training_bar,
+    training_progress,
     tree_shape,
     user_errors,
 )
@@ -215,30 +214,6 @@ ReplayRuns = Annotated[
 ]
 
 
-@contextlib.contextmanager
-def _training_progress(
-    kind: str, steps: int, rank: int, started: float
-) -> Iterator[tuple[object, Callable[[int, float, list[float]], None]]]:
-    """A rich progress display (rank 0 only) and the per-step report that feeds it; every 50
-    steps a lasting line too, for logs."""
-    import time
-
-    with training_bar(rank) as bar:
-        task = None
-
-        def report(step: int, loss: float, accuracy: list[float]) -> None:
-            nonlocal task
-            if task is None:
-                task = bar.add_task("training", total=steps, info="")
-            acc = " ".join(f"{a:.2f}" for a in accuracy)
-            info = f"loss {loss:.3f}  top-1 per {kind} {acc}"
-            bar.update(task, completed=step, info=info)
-            if step % 50 == 0:
-                bar.console.print(f"step {step}/{steps}  {info}  {time.time() - started:.0f} s")
-
-        yield bar, report
-
-
 def _train_drafter(
     kind: str,
     model: str,
@@ -281,7 +256,7 @@ def _train_drafter(
     # Checked before distilling, which may take long: a wrong folder fails at once.
     replay_shards = {s.name: s for run in replay for s in shards_in(run, captured_at)}
     started = time.time()
-    with _training_progress(kind, config.steps, rank, started) as (bar, report):
+    with training_progress(kind, config.steps, rank, started) as (bar, report):
         task = bar.add_task("distilling", total=None, info="")
         shards = distill(
             lm,
@@ -512,7 +487,7 @@ def _train_shared_mode(
         initial, _ = load_streams(init_streams, lm.model, torch.float32)
     started = time.time()
     kind = "stream (main first)" if stream_config else "token"
-    with _training_progress(kind, config.steps, rank, started) as (_bar, report):
+    with training_progress(kind, config.steps, rank, started) as (_bar, report):
         weights = train_shared(
             lm.model, records, lora_config, stream_config, config, out, model, report, initial
         )

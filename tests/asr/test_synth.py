@@ -348,3 +348,27 @@ def test_corpus_is_valid_deterministic_and_resumable(tmp_path: Path) -> None:
 
     with pytest.raises(ValueError, match="seed"):
         synthesize_corpus(first, hours=0.004, seed=4, config=config, sentences=SENTENCES)
+
+
+@needs_espeak
+def test_evaluation_splits_alone_are_the_corpus_own_and_resume_into_it(tmp_path: Path) -> None:
+    config = SynthConfig(piper_fraction=0.0, block_size=4)
+    whole, held_out = tmp_path / "whole", tmp_path / "held-out"
+    synthesize_corpus(whole, hours=0.004, seed=3, config=config, sentences=SENTENCES)
+    summary = synthesize_corpus(
+        held_out, hours=0.004, seed=3, config=config, sentences=SENTENCES, splits=("dev", "test")
+    )
+    assert set(summary.manifests) == {"dev", "test"} and not (held_out / "train").exists()
+    assert not (held_out / "train.jsonl").exists()
+    for split in ("dev", "test"):
+        manifest = (held_out / f"{split}.jsonl").read_text()
+        assert manifest == (whole / f"{split}.jsonl").read_text()
+        for entry in read_manifest(held_out / f"{split}.jsonl"):
+            assert (held_out / entry.audio).read_bytes() == (whole / entry.audio).read_bytes()
+    # The training split later fills in the same folder, leaving dev and test as they were.
+    rest = synthesize_corpus(held_out, hours=0.004, seed=3, config=config, sentences=SENTENCES)
+    assert rest.synthesized_utterances == len(read_manifest(whole / "train.jsonl"))
+    with pytest.raises(ValueError, match="expected splits among train, dev, test, got dev, tset"):
+        synthesize_corpus(
+            held_out, hours=0.004, config=config, sentences=SENTENCES, splits=("dev", "tset")
+        )

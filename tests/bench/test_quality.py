@@ -18,10 +18,9 @@ from edgestream.bench.quality import (
     score,
 )
 from edgestream.cli import app
-from edgestream.datasets import default_data_dir
 from edgestream.llm.loading import load_language_model
 from edgestream.llm.msa import SpeculativeStreams, StreamConfig, save_streams
-from tests.conftest import tiny_llama, tiny_tokenizer
+from tests.conftest import needs_shared_data, tiny_llama, tiny_tokenizer
 
 
 def test_rouge_rewards_overlap_and_matches_rouge_score() -> None:
@@ -83,12 +82,6 @@ def test_paired_bootstrap_interval() -> None:
     assert paired_difference(before, same) == tie  # seeded: reproducible
     with pytest.raises(ValueError, match="no prompts"):
         paired_difference([], [])
-
-
-needs_shared_data = pytest.mark.skipif(
-    not (default_data_dir() / "llm").is_dir(),
-    reason=f"shared task data not found at {default_data_dir().resolve()} (set EDGESTREAM_DATA)",
-)
 
 
 def _tiny_model_with_room(tmp_path: Path) -> Path:
