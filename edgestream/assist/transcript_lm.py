@@ -16,10 +16,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import torch
-
 from edgestream.llm.loading import LanguageModel
 from edgestream.llm.score import document_start_id, text_log_probs
+from edgestream.llm.shared import next_token_record
 
 # Under a tenth of a percent of the train split's sentences are longer; the rest of one is cut.
 MAX_SENTENCE_TOKENS = 62
@@ -39,14 +38,7 @@ def transcript_records(lm: LanguageModel, sentences: list[str]) -> list[dict]:
     records = []
     for sentence in sentences:
         ids = lm.tokenizer.encode(sentence, add_special_tokens=False)[:MAX_SENTENCE_TOKENS]
-        records.append(
-            {
-                "category": "transcript",
-                "tokens": torch.tensor([start, *ids, start]),
-                "prompt_length": 1,
-                "split_hidden": torch.zeros(0, dim),  # no captured states: the whole model trains
-            }
-        )
+        records.append(next_token_record("transcript", [start, *ids, start], 1, dim))
     return records
 
 

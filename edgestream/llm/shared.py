@@ -46,6 +46,17 @@ from edgestream.llm.train import (
 )
 
 
+def next_token_record(category: str, tokens: list[int], prompt_length: int, dim: int) -> dict:
+    """A training sequence for `train_shared`: the next-token loss covers every token from
+    position `prompt_length` on. No captured states: the whole model trains."""
+    return {
+        "category": category,
+        "tokens": torch.tensor(tokens),
+        "prompt_length": prompt_length,
+        "split_hidden": torch.zeros(0, dim),
+    }
+
+
 def task_records(
     lm: LanguageModel, prompts: list[TaskPrompt], max_answer_tokens: int
 ) -> list[dict]:
@@ -58,15 +69,7 @@ def task_records(
         prompt = lm.encode_prompt(p.prompt)
         answer = lm.tokenizer.encode(p.reference.strip(), add_special_tokens=False)
         tokens = prompt + answer[:max_answer_tokens] + [stop]
-        dim = lm.model.config.dim
-        records.append(
-            {
-                "category": p.category,
-                "tokens": torch.tensor(tokens),
-                "prompt_length": len(prompt),
-                "split_hidden": torch.zeros(0, dim),  # no captured states: the whole model trains
-            }
-        )
+        records.append(next_token_record(p.category, tokens, len(prompt), lm.model.config.dim))
     if not records:
         raise ValueError("no training sequences: the task's prompts have no reference answers")
     return records
