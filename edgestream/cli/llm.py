@@ -332,6 +332,13 @@ def train_streams_command(
         int, typer.Option(help="Rank of the next-token input map (0: off).")
     ] = 16,
     draft_vocab: DraftVocab = 8192,
+    ffn_rank: Annotated[
+        int,
+        typer.Option(
+            help="Rank of stream-only feed-forward adapters (0: none). With --init-streams "
+            "that have none, they are added at zero, so training continues from those drafts."
+        ),
+    ] = 0,
     steps: TrainSteps = 2000,
     batch: TrainBatch = 4,
     positions: TrainPositions = 128,
@@ -356,7 +363,9 @@ def train_streams_command(
 
     if mode not in TRAIN_MODES:
         raise ValueError(f"unknown mode {mode!r}: expected one of {', '.join(TRAIN_MODES)}")
-    stream_config = StreamConfig(streams, stream_layers, adapter_rank, next_token_rank, draft_vocab)
+    stream_config = StreamConfig(
+        streams, stream_layers, adapter_rank, next_token_rank, draft_vocab, ffn_rank
+    )
     config = TrainConfig(
         steps=steps,
         batch_sequences=batch,

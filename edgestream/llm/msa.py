@@ -15,10 +15,11 @@ the stream rows through the same weights while they are still hot in the CPU cac
 from __future__ import annotations
 
 import copy
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from edgestream.llm.model import (
@@ -46,6 +47,9 @@ class StreamConfig:
     # vocabulary): a 6x smaller LM head for training and drafting, at the cost of never
     # proposing a rare token (verification stays exact either way).
     draft_vocab_size: int = 8192
+    # Rank of stream-only adapters on the feed-forward's gate/up and down projections; 0 = none
+    # (the streams then share the base model's feed-forward unchanged).
+    ffn_rank: int = 0
 
     def __post_init__(self) -> None:
         for name, value, low in (
@@ -54,9 +58,12 @@ class StreamConfig:
             ("adapter_rank", self.adapter_rank, 0),
             ("next_token_rank", self.next_token_rank, 0),
             ("draft_vocab_size", self.draft_vocab_size, 0),
+            ("ffn_rank", self.ffn_rank, 0),
         ):
             if value < low:
                 raise ValueError(f"{name} must be >= {low}, got {value}")
+        if self.ffn_rank and not self.adapter_rank:
+            raise ValueError("ffn_rank needs adapter_rank > 0 (the adapters hold both)")
 
     def to_dict(self) -> dict[str, int]:
         return asdict(self)
@@ -77,25 +84,45 @@ class LowRank(nn.Module):
 
 
 class StreamAdapter(nn.Module):
-    """Low-rank updates to one MSA layer's q/k/v and output projections, for stream rows."""
+    """Low-rank updates to one MSA layer's q/k/v and output projections, for stream rows, and
+    optionally (`ffn_rank`) to its feed-forward's gate/up and down projections."""
 
-    def __init__(self, block: Block, rank: int) -> None:
+    def __init__(self, block: Block, rank: int, ffn_rank: int = 0) -> None:
         super().__init__()
         attn = block.attention
         qkv_out = (attn.n_heads + 2 * attn.n_kv_heads) * attn.head_dim
         dim = block.attention_norm.weight.shape[0]
         self.qkv = LowRank(dim, qkv_out, rank)
         self.o = LowRank(attn.n_heads * attn.head_dim, dim, rank)
+        self.gate_up: LowRank | None = None
+        self.down: LowRank | None = None
+        if ffn_rank:
+            self.add_feed_forward(block, ffn_rank)
+
+    def add_feed_forward(self, block: Block, rank: int) -> None:
+        """Feed-forward updates, zero at first: the adapter's output does not change."""
+        gate_up, down = block.feed_forward.w_gate_up, block.feed_forward.w_down
+        self.gate_up = LowRank(gate_up.in_features, gate_up.out_features, rank)
+        self.down = LowRank(down.in_features, down.out_features, rank)
 
     def project_qkv(self, block: Block, h: Tensor) -> Tensor:
-        update = self.qkv(h.to(self.qkv.up.weight.dtype)).to(h.dtype)
-        return block.attention.wqkv(h) + update
+        return block.attention.wqkv(h) + _low_rank(self.qkv, h)
 
     def project_out(self, block: Block, out: Tensor) -> Tensor:
-        return block.attention.wo(out) + self.o(out.to(self.o.up.weight.dtype)).to(out.dtype)
+        return block.attention.wo(out) + _low_rank(self.o, out)
 
     def feed_forward(self, block: Block, x: Tensor) -> Tensor:
-        return block.feed_forward(x)
+        if self.gate_up is None or self.down is None:
+            return block.feed_forward(x)
+        ff = block.feed_forward
+        gate, up = (ff.w_gate_up(x) + _low_rank(self.gate_up, x)).chunk(2, dim=-1)
+        h = F.silu(gate) * up
+        return ff.w_down(h) + _low_rank(self.down, h)
+
+
+def _low_rank(update: LowRank, x: Tensor) -> Tensor:
+    """update(x) in the update's own dtype (float32 while training), returned in x's."""
+    return update(x.to(update.up.weight.dtype)).to(x.dtype)
 
 
 class MergedStreamLayer(nn.Module):
@@ -118,10 +145,13 @@ class MergedStreamLayer(nn.Module):
         self.dtype = dtype
         self.wqkv = _converted(attn.wqkv, dtype, adapter.qkv if adapter else None)
         self.wo = _converted(attn.wo, dtype, adapter.o if adapter else None)
-        # In the model's own dtype the block's feed-forward serves as it is: no copy.
-        own = dtype == block.attention_norm.weight.dtype
-        self.w_gate_up = None if own else _converted(ff.w_gate_up, dtype)
-        self.w_down = None if own else _converted(ff.w_down, dtype)
+        gate_up = adapter.gate_up if adapter else None
+        down = adapter.down if adapter else None
+        # In the model's own dtype and with no update, the block's feed-forward serves as it
+        # is: no copy.
+        own = dtype == block.attention_norm.weight.dtype and gate_up is None and down is None
+        self.w_gate_up = None if own else _converted(ff.w_gate_up, dtype, gate_up)
+        self.w_down = None if own else _converted(ff.w_down, dtype, down)
 
     def project_qkv(self, block: Block, h: Tensor) -> Tensor:
         return self.wqkv(h.to(self.dtype)).to(h.dtype)
@@ -181,8 +211,23 @@ class SpeculativeStreams(nn.Module):
         if config.adapter_rank:
             template = Block(model_config)
             self.adapters.extend(
-                StreamAdapter(template, config.adapter_rank) for _ in range(config.n_stream_layers)
+                StreamAdapter(template, config.adapter_rank, config.ffn_rank)
+                for _ in range(config.n_stream_layers)
             )
+
+    def add_feed_forward_adapters(self, model_config: object, rank: int) -> None:
+        """Give streams trained without feed-forward adapters rank-`rank` ones, zero at first,
+        so training continues from exactly what they draft."""
+        if self.config.ffn_rank:
+            raise ValueError(
+                f"these streams already have feed-forward adapters (rank {self.config.ffn_rank})"
+            )
+        if not len(self.adapters):
+            raise ValueError("feed-forward adapters need streams with adapters (adapter_rank > 0)")
+        template = Block(model_config)
+        for adapter in self.adapters:
+            adapter.add_feed_forward(template, rank)
+        self.config = replace(self.config, ffn_rank=rank)
 
     def extra_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters())

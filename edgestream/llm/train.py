@@ -256,8 +256,9 @@ def train_streams(
 
     `init_streams` (trained streams, e.g. the bundled ones) continue training on these records
     instead of starting from scratch; they replace `stream_config`, draft vocabulary included,
-    so what they learned keeps its meaning. Returns the streams and, when `dev_records` are
-    given, their top-1 accuracy per stream on those held-out sequences.
+    so what they learned keeps its meaning (`new_or_given_streams` says how `ffn_rank` adds
+    to them). Returns the streams and, when `dev_records` are given, their top-1 accuracy per
+    stream on those held-out sequences.
     """
     if not records:
         raise ValueError("no training sequences")
@@ -290,9 +291,12 @@ def new_or_given_streams(
     records: list[dict],
     given: SpeculativeStreams | None,
 ) -> SpeculativeStreams:
-    """Trainable float32 streams: `given` ones (their configuration wins), or new ones whose
-    draft vocabulary is the records' most frequent answer tokens."""
+    """Trainable float32 streams: `given` ones (their configuration wins, except that a
+    `stream_config.ffn_rank` gives feed-forward adapters to given streams that lack them), or
+    new ones whose draft vocabulary is the records' most frequent answer tokens."""
     if given is not None:
+        if stream_config.ffn_rank and not given.config.ffn_rank:
+            given.add_feed_forward_adapters(model.config, stream_config.ffn_rank)
         return given.float().requires_grad_(True).train()
     streams = SpeculativeStreams(model.config, stream_config)
     if stream_config.draft_vocab_size:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 
 import pytest
@@ -30,7 +31,9 @@ def model() -> Transformer:
     return Transformer.from_hf(tiny_llama(max_position=128))
 
 
-def _random_streams(model: Transformer, next_token_rank: int) -> SpeculativeStreams:
+def _random_streams(
+    model: Transformer, next_token_rank: int, ffn_rank: int = 0
+) -> SpeculativeStreams:
     torch.manual_seed(0)
     config = StreamConfig(
         n_streams=3,
@@ -38,6 +41,7 @@ def _random_streams(model: Transformer, next_token_rank: int) -> SpeculativeStre
         adapter_rank=4,
         next_token_rank=next_token_rank,
         draft_vocab_size=200 if next_token_rank else 0,  # both kinds of draft head
+        ffn_rank=ffn_rank,
     )
     s = SpeculativeStreams(model.config, config)
     # Untrained but not inert: random adapters, so drafts are arbitrary tokens.
@@ -49,8 +53,9 @@ def _random_streams(model: Transformer, next_token_rank: int) -> SpeculativeStre
 
 @pytest.fixture(scope="module")
 def streams(model: Transformer) -> SpeculativeStreams:
-    """Token-aware streams (the default kind): they run after verification."""
-    return _random_streams(model, next_token_rank=4)
+    """Token-aware streams (the default kind): they run after verification. They also have
+    feed-forward adapters, so every test below covers those too."""
+    return _random_streams(model, next_token_rank=4, ffn_rank=3)
 
 
 @pytest.fixture(scope="module")
@@ -341,6 +346,33 @@ def test_stream_weights_round_trip(
         load_streams(tmp_path / "missing.safetensors", model)
 
 
+@torch.inference_mode()
+def test_feed_forward_adapters_start_from_the_given_drafts(
+    model: Transformer, plain_streams: SpeculativeStreams
+) -> None:
+    """Adding feed-forward adapters to trained streams changes nothing until they train; once
+    their weights move, the drafts move, and the config records the rank."""
+    grown = copy.deepcopy(plain_streams)
+    grown.add_feed_forward_adapters(model.config, 5)
+    assert grown.config.ffn_rank == 5 and plain_streams.config.ffn_rank == 0
+    tokens = torch.tensor([_prompt(9, 7)])
+    before = ss_forward(model, plain_streams, tokens, model.new_cache(16)).stream_hidden
+    after = ss_forward(model, grown, tokens, model.new_cache(16)).stream_hidden
+    torch.testing.assert_close(after, before, rtol=0, atol=0)
+    with torch.no_grad():
+        grown.adapters[-1].down.up.weight.normal_(0, 0.2)
+    moved = ss_forward(model, grown, tokens, model.new_cache(16)).stream_hidden
+    assert not torch.allclose(moved, before, atol=1e-3)
+    merged = ss_forward(model, grown.merged_for(model), tokens, model.new_cache(16)).stream_hidden
+    torch.testing.assert_close(merged, moved, rtol=1e-4, atol=1e-4)
+    with pytest.raises(ValueError, match="already have feed-forward adapters"):
+        grown.add_feed_forward_adapters(model.config, 5)
+    bare_config = StreamConfig(n_stream_layers=1, adapter_rank=0, draft_vocab_size=0)
+    bare = SpeculativeStreams(model.config, bare_config)
+    with pytest.raises(ValueError, match="need streams with adapters"):
+        bare.add_feed_forward_adapters(model.config, 2)
+
+
 def test_token_aware_streams_refuse_to_run_inside_the_pass(
     model: Transformer, streams: SpeculativeStreams
 ) -> None:
@@ -351,5 +383,7 @@ def test_token_aware_streams_refuse_to_run_inside_the_pass(
 def test_stream_config_is_validated(model: Transformer) -> None:
     with pytest.raises(ValueError, match="n_streams must be >= 1"):
         StreamConfig(n_streams=0)
+    with pytest.raises(ValueError, match="ffn_rank needs adapter_rank"):
+        StreamConfig(adapter_rank=0, ffn_rank=4)
     with pytest.raises(ValueError, match="exceeds the model's 3 layers"):
         SpeculativeStreams(model.config, StreamConfig(n_stream_layers=4))

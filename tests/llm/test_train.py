@@ -168,6 +168,27 @@ def test_training_continues_from_given_streams(
         torch.testing.assert_close(continued.state_dict()[name], weight, rtol=0, atol=1e-9)
 
 
+def test_continued_streams_gain_feed_forward_adapters_that_train(
+    tiny_model_dir: Path, records: list[dict], tmp_path: Path
+) -> None:
+    """An ffn_rank asked of given streams without feed-forward adapters adds them (the rest of
+    the given configuration still wins); they start at zero and move with training."""
+    model = load_language_model(str(tiny_model_dir), pack=False).model
+    torch.manual_seed(1)
+    first = SpeculativeStreams(model.config, STREAMS)
+    asked = StreamConfig(n_streams=3, n_stream_layers=1, adapter_rank=2, ffn_rank=3)
+    config = TrainConfig(steps=3, batch_sequences=2, positions_per_sequence=4, lr=1e-2)
+    continued, _ = train_streams(
+        model, records, 1, asked, config, tmp_path, "tiny", None, copy.deepcopy(first)
+    )
+    assert continued.config == StreamConfig(**{**STREAMS.to_dict(), "ffn_rank": 3})
+    adapter = continued.adapters[0]
+    assert adapter.gate_up.down.weight.shape == (3, model.config.dim)
+    assert adapter.down.up.weight.abs().sum() > 0  # zero at the start, trained since
+    weights = torch.load(tmp_path / "checkpoint.pt", weights_only=True)["weights"]
+    assert "adapters.0.down.up.weight" in weights
+
+
 def test_distilling_more_prompts_reuses_the_shards_of_the_first_ones(
     tiny_model_dir: Path, tmp_path: Path
 ) -> None:
