@@ -78,7 +78,7 @@ def distill_batch(
     ]
 
 
-def _batches(prompts: list[TaskPrompt], batch_size: int, sort_block: int) -> list[list[int]]:
+def prompt_batches(prompts: list[TaskPrompt], batch_size: int, sort_block: int) -> list[list[int]]:
     """Prompt indices in batches. Similar lengths batch together, so little compute goes to
     padding; sorting only within consecutive blocks keeps the batches of a prompt list's
     beginning unchanged when prompts are appended (a task mix with more prompts per task
@@ -113,10 +113,10 @@ def distill(
 
     Under several processes, rank r writes shards r, r + world, ...; the caller waits for all
     (a barrier) before reading them. Returns every shard's path. Prompts are sorted by length
-    within consecutive blocks of `sort_block` (see `_batches`).
+    within consecutive blocks of `sort_block` (see `prompt_batches`).
     """
     out_dir.mkdir(parents=True, exist_ok=True)
-    batches = _batches(prompts, batch_size, sort_block)
+    batches = prompt_batches(prompts, batch_size, sort_block)
     shards = []
     for index, batch in enumerate(batches):
         batch_prompts = [prompts[i] for i in batch]

@@ -287,15 +287,16 @@ def train_streams(
 
 def new_or_given_streams(
     model: Transformer,
-    stream_config: StreamConfig,
+    stream_config: StreamConfig | None,
     records: list[dict],
     given: SpeculativeStreams | None,
 ) -> SpeculativeStreams:
     """Trainable float32 streams: `given` ones (their configuration wins, except that a
     `stream_config.ffn_rank` gives feed-forward adapters to given streams that lack them), or
-    new ones whose draft vocabulary is the records' most frequent answer tokens."""
+    new ones whose draft vocabulary is the records' most frequent answer tokens (which needs a
+    `stream_config`)."""
     if given is not None:
-        if stream_config.ffn_rank and not given.config.ffn_rank:
+        if stream_config is not None and stream_config.ffn_rank and not given.config.ffn_rank:
             given.add_feed_forward_adapters(model.config, stream_config.ffn_rank)
         return given.float().requires_grad_(True).train()
     streams = SpeculativeStreams(model.config, stream_config)

@@ -1,0 +1,289 @@
+"""Distil and train the speculative streams in one process on an accelerator, within a budget.
+
+`edgestream train streams` is built for CPUs: resumable shards, atomic checkpoints, DDP over
+gloo, a few sequences per step. On a GPU the same work is minutes, not hours, and the machine
+is often lent for minutes too, so this recipe keeps everything in device memory, distils with
+large batches, trains one or more arms (feed-forward adapter ranks) on the same answers, and
+stops at a wall-clock deadline with its held-out accuracy measured. The bundled streams of
+stop 36 were trained with it (model card).
+
+    python -m edgestream.llm.accelerated prompts PROMPTS.json.gz [--cap gsm8k=3000]
+        [--exclude-held-out RUN]
+    python -m edgestream.llm.accelerated train MODEL PROMPTS.json.gz INIT_STREAMS OUT
+        [--device cuda] [--arms 0,32] [--deadline SECONDS]
+
+The prompts file is gzipped JSON, `[{"category", "key", "prompt"}]` (train splits only), so a
+machine without the task data can still distil. `train` writes OUT/streams-ffnR.safetensors
+per arm and OUT/report.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import math
+import random
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from edgestream.llm.distill import distill_batch, load_shards, prompt_batches, shards_in
+from edgestream.llm.loading import LanguageModel, load_language_model
+from edgestream.llm.msa import load_streams, save_streams
+from edgestream.llm.tasks import CATEGORIES, TaskPrompt, task_prompts
+from edgestream.llm.train import IGNORE, Batch, StreamObjective, hold_out
+
+# Of a run's deadline: distillation stops at this fraction, training at the next, and the
+# rest is left for the final held-out evaluation and saving.
+DISTILL_SHARE, TRAIN_END = 0.55, 0.88
+
+
+def write_prompts(
+    out: Path, data: Path | None, caps: dict[str, int], exclude: list[list[int]], lm: LanguageModel
+) -> int:
+    """Every training prompt of every task (at most caps[category] of one), categories
+    interleaved, minus the prompts whose token ids are in `exclude`. Returns how many."""
+    groups = [task_prompts(c, "train", data, caps.get(c, 1 << 30)) for c in CATEGORIES]
+    mixed = [g[i] for i in range(max(map(len, groups))) for g in groups if i < len(g)]
+    excluded = {tuple(ids) for ids in exclude}
+    kept = [p for p in mixed if tuple(lm.encode_prompt(p.prompt)) not in excluded]
+    rows = [{"category": p.category, "key": p.key, "prompt": p.prompt} for p in kept]
+    out.write_bytes(gzip.compress(json.dumps(rows).encode(), 9))
+    return len(rows)
+
+
+def read_prompts(path: Path) -> list[TaskPrompt]:
+    try:
+        rows = json.loads(gzip.decompress(path.read_bytes()))
+        return [TaskPrompt(r["category"], r["key"], r["prompt"]) for r in rows]
+    except (OSError, json.JSONDecodeError, KeyError, TypeError) as err:
+        raise ValueError(f"{path}: not a gzipped JSON list of prompts ({err})") from err
+
+
+def answer_batch(
+    records: list[dict], positions: int, gamma: int, rng: random.Random, device: str
+) -> Batch:
+    """`train.make_batch` for answer positions, with the targets gathered by tensor ops on the
+    device: at thousands of positions per step, make_batch's per-element loop would cost more
+    than the accelerator's step."""
+    B, lengths = len(records), [len(r["tokens"]) for r in records]
+    L = max(lengths)
+    tokens = torch.full((B, L), IGNORE, dtype=torch.long, device=device)
+    hidden = torch.nn.utils.rnn.pad_sequence([r["split_hidden"] for r in records], batch_first=True)
+    hidden = F.pad(hidden, (0, 0, 0, L - hidden.shape[1]))
+    chosen = torch.zeros(B, positions, dtype=torch.long)
+    valid = torch.zeros(B, positions, dtype=torch.bool)
+    for b, r in enumerate(records):
+        tokens[b, : lengths[b]] = r["tokens"]
+        # Stream j at t predicts t+1+j: from the last prompt token to where stream 1 has a label.
+        answer = range(r["prompt_length"] - 1, lengths[b] - 2)
+        picked = sorted(rng.sample(answer, min(positions, len(answer))))
+        chosen[b, : len(picked)] = torch.tensor(picked, dtype=torch.long)
+        valid[b, : len(picked)] = True
+    chosen, valid = chosen.to(device), valid.to(device)
+    index = chosen[:, :, None] + 2 + torch.arange(gamma, device=device)  # (B, n, gamma)
+    inside = index < torch.tensor(lengths, device=device)[:, None, None]
+    targets = tokens.gather(1, index.clamp(max=L - 1).flatten(1)).view(B, positions, gamma)
+    targets = torch.where(inside & valid[:, :, None], targets, IGNORE)
+    prompt_lengths = torch.tensor([r["prompt_length"] for r in records], device=device)
+    return Batch(hidden, tokens, chosen, targets, prompt_lengths)
+
+
+@torch.no_grad()
+def held_out_top1(objective: StreamObjective, records: list[dict], device: str) -> list[float]:
+    """Top-1 accuracy per stream over every answer position of `records`."""
+    gamma = objective.streams.config.n_streams
+    hits, labelled = torch.zeros(gamma, device=device), torch.zeros(gamma, device=device)
+    for start in range(0, len(records), 8):
+        chunk = records[start : start + 8]
+        every = max(len(r["tokens"]) for r in chunk)  # more than any answer has
+        _, chunk_hits, chunk_labelled = objective(
+            answer_batch(chunk, every, gamma, random.Random(0), device), 0.1
+        )
+        hits += chunk_hits
+        labelled += chunk_labelled
+    return (hits / labelled.clamp(min=1)).tolist()
+
+
+def train_arm(
+    lm: LanguageModel,
+    init_streams: Path,
+    ffn_rank: int,
+    training: list[dict],
+    held: list[dict],
+    args: argparse.Namespace,
+    seconds: float,
+    rng: random.Random,
+) -> tuple[object, dict]:
+    """Continue `init_streams` (plus feed-forward adapters of `ffn_rank`) for `seconds`:
+    AdamW, linear warm-up, cosine decay over the time budget to a tenth."""
+    streams, _ = load_streams(init_streams, lm.model, torch.float32)
+    if ffn_rank:
+        streams.add_feed_forward_adapters(lm.model.config, ffn_rank)
+    streams = streams.to(args.device).requires_grad_(True).train()
+    gamma = streams.config.n_streams
+    objective = StreamObjective(lm.model, streams, streams.split)
+    arm: dict = {"ffn_rank": ffn_rank, "budget_seconds": round(seconds, 1)}
+    arm["held_out_top1_before"] = held_out_top1(objective, held, args.device)
+    optimizer = torch.optim.AdamW(streams.parameters(), lr=args.lr, weight_decay=0.0)
+    started, step, log = time.time(), 0, []
+    while seconds > 0 and time.time() - started < seconds:
+        progress = (time.time() - started) / seconds
+        warm = min(1.0, (step + 1) / args.warmup)
+        for group in optimizer.param_groups:
+            group["lr"] = args.lr * warm * (0.1 + 0.45 * (1 + math.cos(math.pi * progress)))
+        batch = answer_batch(
+            rng.sample(training, min(args.batch, len(training))),
+            args.positions,
+            gamma,
+            rng,
+            args.device,
+        )
+        loss, hits, labelled = objective(batch, 0.1)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(streams.parameters(), 1.0)
+        optimizer.step()
+        step += 1
+        if step % 50 == 0:
+            accuracy = [round(a, 4) for a in (hits / labelled.clamp(min=1)).tolist()]
+            log.append([step, round(time.time() - started, 1), round(loss.item(), 4), accuracy])
+            print(f"ffn {ffn_rank}: step {step}, loss {loss.item():.3f}, top-1 {accuracy}")
+    streams.eval()
+    arm.update(steps=step, train_seconds=round(time.time() - started, 1), log=log)
+    arm["held_out_top1_after"] = held_out_top1(objective, held, args.device)
+    print(
+        f"ffn {ffn_rank}: held-out top-1 {arm['held_out_top1_before']} -> "
+        f"{arm['held_out_top1_after']}"
+    )
+    return streams, arm
+
+
+def train(args: argparse.Namespace) -> None:
+    try:
+        _train(args)
+    finally:
+        torch.set_default_device(None)
+
+
+def _train(args: argparse.Namespace) -> None:
+    started = time.time()
+    deadline = args.deadline or math.inf
+    args.out.mkdir(parents=True, exist_ok=True)
+    report: dict = {"args": {k: str(v) for k, v in vars(args).items()}}
+
+    def save_report() -> None:
+        report["wall_seconds"] = round(time.time() - started, 1)
+        (args.out / "report.json").write_text(json.dumps(report, indent=1))
+
+    prompts = read_prompts(args.prompts)
+    lm = load_language_model(args.model, "bfloat16", pack=False)  # packed has no backward
+    lm.model.to(args.device).requires_grad_(False)
+    # Every tensor the engine and the training code create lands beside the model.
+    torch.set_default_device(args.device)
+    split = load_streams(args.init_streams, lm.model)[0].split
+    rng = random.Random(0)
+    batches = prompt_batches(prompts, args.distill_batch, len(prompts))
+    rng.shuffle(batches)  # a distillation cut short by the deadline still mixes every task
+    records: list[dict] = []
+    for i, batch in enumerate(batches):
+        if time.time() - started > DISTILL_SHARE * deadline:
+            print(f"distillation stopped at the deadline: {i} of {len(batches)} batches")
+            break
+        records += distill_batch(lm, [prompts[j] for j in batch], split, args.max_new_tokens)
+        print(f"distilled {i + 1}/{len(batches)} batches, {time.time() - started:.0f} s")
+    report.update(
+        distill_seconds=round(time.time() - started, 1),
+        sequences=len(records),
+        answer_tokens=sum(len(r["tokens"]) - r["prompt_length"] for r in records),
+        arms={},
+    )
+    save_report()
+    rng.shuffle(records)
+    held, training = records[: args.held_out], records[args.held_out :]
+    ranks = [int(r) for r in args.arms.split(",")]
+    train_until = min(started + TRAIN_END * deadline, time.time() + args.train_seconds * len(ranks))
+    for n, rank in enumerate(ranks):
+        seconds = (train_until - time.time()) / (len(ranks) - n)
+        streams, arm = train_arm(lm, args.init_streams, rank, training, held, args, seconds, rng)
+        report["arms"][f"ffn{rank}"] = arm
+        facts = {
+            "init_streams": str(args.init_streams),
+            "trainer": "python -m edgestream.llm.accelerated train",
+            "device": torch.cuda.get_device_name() if args.device == "cuda" else args.device,
+            "steps": arm["steps"],
+            "batch": args.batch,
+            "positions": args.positions,
+            "sequences": len(training),
+            "held_out_top1": [round(a, 4) for a in arm["held_out_top1_after"]],
+        }
+        with torch.device("cpu"):
+            save_streams(streams.cpu(), args.out / f"streams-ffn{rank}.safetensors", facts)
+        save_report()
+
+
+def prompts_command(args: argparse.Namespace) -> None:
+    lm = load_language_model(args.model, "bfloat16")
+    caps = {}
+    for cap in args.cap:
+        category, _, count = cap.partition("=")
+        if category not in CATEGORIES or not count.isdigit():
+            raise SystemExit(f"--cap {cap!r}: expected CATEGORY=N, CATEGORY one of {CATEGORIES}")
+        caps[category] = int(count)
+    exclude = []
+    for run in args.exclude_held_out:
+        _, held = hold_out(load_shards(shards_in(run, args.split)), args.held_out)
+        exclude += [r["tokens"][: r["prompt_length"]].tolist() for r in held]
+    n = write_prompts(args.out, args.data, caps, exclude, lm)
+    print(f"{n} prompts written to {args.out}")
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    p = commands.add_parser("prompts", help="write the training prompts file")
+    p.add_argument("out", type=Path)
+    p.add_argument("--model", default="smollm2")
+    p.add_argument("--data", type=Path, default=None, help="shared data folder")
+    p.add_argument("--cap", action="append", default=[], help="CATEGORY=N: at most N of it")
+    p.add_argument(
+        "--exclude-held-out",
+        type=Path,
+        action="append",
+        default=[],
+        help="a streams run folder whose held-out answers' prompts to leave out",
+    )
+    p.add_argument("--held-out", type=int, default=64, help="that run's --dev-sequences")
+    p.add_argument("--split", type=int, default=20, help="that run's distill-at-N")
+    t = commands.add_parser("train", help="distil and train within a deadline")
+    t.add_argument("model")
+    t.add_argument("prompts", type=Path)
+    t.add_argument("init_streams", type=Path)
+    t.add_argument("out", type=Path)
+    t.add_argument("--device", default="cuda")
+    t.add_argument("--arms", default="0", help="feed-forward adapter ranks, an arm each")
+    t.add_argument("--distill-batch", type=int, default=256)
+    t.add_argument("--max-new-tokens", type=int, default=128)
+    t.add_argument("--batch", type=int, default=64, help="sequences per step")
+    t.add_argument("--positions", type=int, default=128, help="trained positions per sequence")
+    t.add_argument("--lr", type=float, default=1e-3)
+    t.add_argument("--warmup", type=int, default=100)
+    t.add_argument("--train-seconds", type=float, default=300, help="per arm, at most")
+    t.add_argument("--deadline", type=float, default=0, help="whole run, seconds (0: none)")
+    t.add_argument("--held-out", type=int, default=64, help="distilled answers held out")
+    return parser
+
+
+def main() -> None:
+    args = _parser().parse_args()
+    if args.command == "prompts":
+        prompts_command(args)
+    else:
+        train(args)
+
+
+if __name__ == "__main__":
+    main()
