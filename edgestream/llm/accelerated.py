@@ -32,13 +32,14 @@ import torch.nn.functional as F
 
 from edgestream.llm.distill import distill_batch, load_shards, prompt_batches, shards_in
 from edgestream.llm.loading import LanguageModel, load_language_model
-from edgestream.llm.msa import load_streams, save_streams
+from edgestream.llm.msa import SpeculativeStreams, load_streams, save_streams
 from edgestream.llm.tasks import CATEGORIES, TaskPrompt, task_prompts
-from edgestream.llm.train import IGNORE, Batch, StreamObjective, hold_out
+from edgestream.llm.train import IGNORE, Batch, StreamObjective, TrainConfig, hold_out
 
 # Of a run's deadline: distillation stops at this fraction, training at the next, and the
 # rest is left for the final held-out evaluation and saving.
 DISTILL_SHARE, TRAIN_END = 0.55, 0.88
+STREAM_WEIGHT = TrainConfig().stream_weight  # alpha_j, as in `edgestream train streams`
 
 
 def write_prompts(
@@ -101,7 +102,7 @@ def held_out_top1(objective: StreamObjective, records: list[dict], device: str) 
         chunk = records[start : start + 8]
         every = max(len(r["tokens"]) for r in chunk)  # more than any answer has
         _, chunk_hits, chunk_labelled = objective(
-            answer_batch(chunk, every, gamma, random.Random(0), device), 0.1
+            answer_batch(chunk, every, gamma, random.Random(0), device), STREAM_WEIGHT
         )
         hits += chunk_hits
         labelled += chunk_labelled
@@ -117,7 +118,7 @@ def train_arm(
     args: argparse.Namespace,
     seconds: float,
     rng: random.Random,
-) -> tuple[object, dict]:
+) -> tuple[SpeculativeStreams, dict]:
     """Continue `init_streams` (plus feed-forward adapters of `ffn_rank`) for `seconds`:
     AdamW, linear warm-up, cosine decay over the time budget to a tenth."""
     streams, _ = load_streams(init_streams, lm.model, torch.float32)
@@ -142,7 +143,7 @@ def train_arm(
             rng,
             args.device,
         )
-        loss, hits, labelled = objective(batch, 0.1)
+        loss, hits, labelled = objective(batch, STREAM_WEIGHT)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(streams.parameters(), 1.0)
