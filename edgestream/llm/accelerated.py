@@ -34,7 +34,16 @@ from edgestream.llm.distill import distill_batch, load_shards, prompt_batches, s
 from edgestream.llm.loading import LanguageModel, load_language_model
 from edgestream.llm.msa import SpeculativeStreams, load_streams, save_streams
 from edgestream.llm.tasks import CATEGORIES, TaskPrompt, task_prompts
-from edgestream.llm.train import IGNORE, Batch, StreamObjective, TrainConfig, hold_out
+from edgestream.llm.train import (
+    IGNORE,
+    Batch,
+    StreamObjective,
+    TrainConfig,
+    clipped_step,
+    cosine_to_a_tenth,
+    held_out_top1,
+    hold_out,
+)
 
 # Of a run's deadline: distillation stops at this fraction, training at the next, and the
 # rest is left for the final held-out evaluation and saving.
@@ -93,20 +102,8 @@ def answer_batch(
     return Batch(hidden, tokens, chosen, targets, prompt_lengths)
 
 
-@torch.no_grad()
-def held_out_top1(objective: StreamObjective, records: list[dict], device: str) -> list[float]:
-    """Top-1 accuracy per stream over every answer position of `records`."""
-    gamma = objective.streams.config.n_streams
-    hits, labelled = torch.zeros(gamma, device=device), torch.zeros(gamma, device=device)
-    for start in range(0, len(records), 8):
-        chunk = records[start : start + 8]
-        every = max(len(r["tokens"]) for r in chunk)  # more than any answer has
-        _, chunk_hits, chunk_labelled = objective(
-            answer_batch(chunk, every, gamma, random.Random(0), device), STREAM_WEIGHT
-        )
-        hits += chunk_hits
-        labelled += chunk_labelled
-    return (hits / labelled.clamp(min=1)).tolist()
+def _weighted(objective: StreamObjective, batch: Batch) -> tuple:
+    return objective(batch, STREAM_WEIGHT)
 
 
 def train_arm(
@@ -128,14 +125,19 @@ def train_arm(
     gamma = streams.config.n_streams
     objective = StreamObjective(lm.model, streams, streams.split)
     arm: dict = {"ffn_rank": ffn_rank, "budget_seconds": round(seconds, 1)}
-    arm["held_out_top1_before"] = held_out_top1(objective, held, args.device)
+
+    # Every answer position of the held-out answers, as `edgestream train streams` measures.
+    def measure() -> list[float]:
+        return held_out_top1(objective, _weighted, held, gamma, TrainConfig(batch_sequences=8))
+
+    arm["held_out_top1_before"] = measure()
     optimizer = torch.optim.AdamW(streams.parameters(), lr=args.lr, weight_decay=0.0)
     started, step, log = time.time(), 0, []
     while seconds > 0 and time.time() - started < seconds:
         progress = (time.time() - started) / seconds
         warm = min(1.0, (step + 1) / args.warmup)
         for group in optimizer.param_groups:
-            group["lr"] = args.lr * warm * (0.1 + 0.45 * (1 + math.cos(math.pi * progress)))
+            group["lr"] = args.lr * warm * cosine_to_a_tenth(progress)
         batch = answer_batch(
             rng.sample(training, min(args.batch, len(training))),
             args.positions,
@@ -144,10 +146,7 @@ def train_arm(
             args.device,
         )
         loss, hits, labelled = objective(batch, STREAM_WEIGHT)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(streams.parameters(), 1.0)
-        optimizer.step()
+        clipped_step(optimizer, streams, loss)
         step += 1
         if step % 50 == 0:
             accuracy = [round(a, 4) for a in (hits / labelled.clamp(min=1)).tolist()]
@@ -155,7 +154,7 @@ def train_arm(
             print(f"ffn {ffn_rank}: step {step}, loss {loss.item():.3f}, top-1 {accuracy}")
     streams.eval()
     arm.update(steps=step, train_seconds=round(time.time() - started, 1), log=log)
-    arm["held_out_top1_after"] = held_out_top1(objective, held, args.device)
+    arm["held_out_top1_after"] = measure()
     print(
         f"ffn {ffn_rank}: held-out top-1 {arm['held_out_top1_before']} -> "
         f"{arm['held_out_top1_after']}"

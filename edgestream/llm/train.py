@@ -234,7 +234,20 @@ def _lr_at(step: int, config: TrainConfig) -> float:
     if step < config.warmup_steps:
         return config.lr * (step + 1) / config.warmup_steps
     progress = (step - config.warmup_steps) / max(1, config.steps - config.warmup_steps)
-    return config.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress))))
+    return config.lr * cosine_to_a_tenth(progress)
+
+
+def cosine_to_a_tenth(progress: float) -> float:
+    """The learning rate's share of its peak at `progress` (0..1) through the decay."""
+    return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
+
+
+def clipped_step(optimizer: torch.optim.Optimizer, parameters: nn.Module, loss: Tensor) -> None:
+    """One optimiser step on `loss`, gradients clipped to norm 1 over `parameters`' weights."""
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(parameters.parameters(), 1.0)
+    optimizer.step()
 
 
 ProgressFn = Callable[[int, float, list[float]], None]
@@ -406,10 +419,7 @@ def fit(
         for group in optimizer.param_groups:
             group["lr"] = _lr_at(step, config)
         loss, hits, labelled = call(module, batch)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(trained.parameters(), 1.0)
-        optimizer.step()
+        clipped_step(optimizer, trained, loss)
         step += 1
         if progress is not None and rank == 0:
             progress(step, loss.item(), (hits / labelled.clamp(min=1)).tolist())
