@@ -4,8 +4,11 @@
 gloo, a few sequences per step. On a GPU the same work is minutes, not hours, and the machine
 is often lent for minutes too, so this recipe keeps everything in device memory, distils with
 large batches, trains one or more arms (feed-forward adapter ranks) on the same answers, and
-stops at a wall-clock deadline with its held-out accuracy measured. The bundled streams of
-stop 36 were trained with it (model card).
+stops at a wall-clock deadline with its held-out accuracy measured. The held-out accuracy is
+also measured every `--eval-seconds` while training, and an arm keeps its best streams: many
+epochs over a few thousand answers can overfit. The distilled answers are written too, as
+token ids, so a later run (on a CPU or another accelerator) can train on them without
+distilling again. The bundled streams were trained with it (model card).
 
     python -m edgestream.llm.accelerated prompts PROMPTS.json.gz [--cap gsm8k=3000]
         [--exclude-held-out RUN]
@@ -14,7 +17,8 @@ stop 36 were trained with it (model card).
 
 The prompts file is gzipped JSON, `[{"category", "key", "prompt"}]` (train splits only), so a
 machine without the task data can still distil. `train` writes OUT/streams-ffnR.safetensors
-per arm and OUT/report.json.
+per arm, OUT/report.json and OUT/answers.json.gz (`{"model", "dtype", "max_new_tokens",
+"answers": [{"category", "key", "answer": [token ids], "held_out"}]}`).
 """
 
 from __future__ import annotations
@@ -25,12 +29,13 @@ import json
 import math
 import random
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-from edgestream.llm.distill import distill_batch, load_shards, prompt_batches, shards_in
+from edgestream.llm.distill import distill_batch, load_shards, shards_in
 from edgestream.llm.loading import LanguageModel, load_language_model
 from edgestream.llm.msa import SpeculativeStreams, load_streams, save_streams
 from edgestream.llm.tasks import CATEGORIES, TaskPrompt, task_prompts
@@ -102,6 +107,59 @@ def answer_batch(
     return Batch(hidden, tokens, chosen, targets, prompt_lengths)
 
 
+def token_budget_batches(lengths: list[int], max_batch: int, max_tokens: int) -> list[list[int]]:
+    """Prompt indices in batches of similar length, each at most `max_batch` prompts and at
+    most `max_tokens` padded prompt tokens. A decoding step costs about the same for 256 rows
+    as for 1024, so short prompts go in large batches; the budget bounds prefill's attention
+    scores (rows x heads x length squared) for long ones."""
+    batches: list[list[int]] = []
+    for i in sorted(range(len(lengths)), key=lengths.__getitem__):  # each batch's last is longest
+        if (
+            not batches
+            or len(batches[-1]) >= max_batch
+            or ((len(batches[-1]) + 1) * lengths[i] > max_tokens)
+        ):
+            batches.append([])
+        batches[-1].append(i)
+    return batches
+
+
+def distill_halving(
+    lm: LanguageModel, prompts: list[TaskPrompt], split: int, max_new_tokens: int
+) -> list[dict]:
+    """`distill_batch`, with each prompt's key, halving a batch that runs out of memory."""
+    try:
+        records = distill_batch(lm, prompts, split, max_new_tokens)
+    except torch.OutOfMemoryError:
+        if len(prompts) == 1:
+            raise
+        torch.cuda.empty_cache()
+        half = len(prompts) // 2
+        print(f"out of memory at {len(prompts)} prompts: halving the batch")
+        return distill_halving(lm, prompts[:half], split, max_new_tokens) + distill_halving(
+            lm, prompts[half:], split, max_new_tokens
+        )
+    for prompt, record in zip(prompts, records, strict=True):
+        record["key"] = prompt.key
+    return records
+
+
+def write_answers(path: Path, records: list[dict], held_out: int, args: argparse.Namespace) -> None:
+    """The distilled answers as token ids (the prompts' ids follow from their keys), the
+    first `held_out` of `records` marked as held out."""
+    answers = [
+        {
+            "category": r["category"],
+            "key": r["key"],
+            "answer": r["tokens"][r["prompt_length"] :].tolist(),
+            "held_out": i < held_out,
+        }
+        for i, r in enumerate(records)
+    ]
+    made = {"model": str(args.model), "dtype": "bfloat16", "max_new_tokens": args.max_new_tokens}
+    path.write_bytes(gzip.compress(json.dumps({**made, "answers": answers}).encode(), 6))
+
+
 def _weighted(objective: StreamObjective, batch: Batch) -> tuple:
     return objective(batch, STREAM_WEIGHT)
 
@@ -130,9 +188,11 @@ def train_arm(
     def measure() -> list[float]:
         return held_out_top1(objective, _weighted, held, gamma, TrainConfig(batch_sequences=8))
 
-    arm["held_out_top1_before"] = measure()
+    best = arm["held_out_top1_before"] = measure()
+    best_state = {k: v.clone() for k, v in streams.state_dict().items()}
     optimizer = torch.optim.AdamW(streams.parameters(), lr=args.lr, weight_decay=0.0)
-    started, step, log = time.time(), 0, []
+    started, step, log, checks = time.time(), 0, [], []
+    next_check = args.eval_seconds
     while seconds > 0 and time.time() - started < seconds:
         progress = (time.time() - started) / seconds
         warm = min(1.0, (step + 1) / args.warmup)
@@ -152,14 +212,39 @@ def train_arm(
             accuracy = [round(a, 4) for a in (hits / labelled.clamp(min=1)).tolist()]
             log.append([step, round(time.time() - started, 1), round(loss.item(), 4), accuracy])
             print(f"ffn {ffn_rank}: step {step}, loss {loss.item():.3f}, top-1 {accuracy}")
+        if args.eval_seconds and time.time() - started > next_check:
+            next_check += args.eval_seconds
+            best, best_state = _keep_best(streams, measure, best, best_state, step, checks)
+            streams.train()
     streams.eval()
-    arm.update(steps=step, train_seconds=round(time.time() - started, 1), log=log)
-    arm["held_out_top1_after"] = measure()
+    best, best_state = _keep_best(streams, measure, best, best_state, step, checks)
+    streams.load_state_dict(best_state)
+    arm.update(steps=step, train_seconds=round(time.time() - started, 1), log=log, checks=checks)
+    arm["held_out_top1_after"] = best
     print(
         f"ffn {ffn_rank}: held-out top-1 {arm['held_out_top1_before']} -> "
         f"{arm['held_out_top1_after']}"
     )
     return streams, arm
+
+
+def _keep_best(
+    streams: SpeculativeStreams,
+    measure: Callable[[], list[float]],
+    best: list[float],
+    best_state: dict,
+    step: int,
+    checks: list,
+) -> tuple[list[float], dict]:
+    """Measure held-out top-1; the streams with the highest sum over depths (the expected
+    accepted length of a chain draft grows with each depth's accuracy) are kept."""
+    streams.eval()
+    top1 = measure()
+    checks.append([step, [round(a, 4) for a in top1]])
+    print(f"step {step}: held-out top-1 {checks[-1][1]}")
+    if sum(top1) > sum(best):
+        return top1, {k: v.clone() for k, v in streams.state_dict().items()}
+    return best, best_state
 
 
 def train(args: argparse.Namespace) -> None:
@@ -186,15 +271,19 @@ def _train(args: argparse.Namespace) -> None:
     torch.set_default_device(args.device)
     split = load_streams(args.init_streams, lm.model)[0].split
     rng = random.Random(0)
-    batches = prompt_batches(prompts, args.distill_batch, len(prompts))
+    lengths = [len(lm.encode_prompt(p.prompt)) for p in prompts]
+    batches = token_budget_batches(lengths, args.distill_batch, args.distill_tokens)
     rng.shuffle(batches)  # a distillation cut short by the deadline still mixes every task
     records: list[dict] = []
     for i, batch in enumerate(batches):
         if time.time() - started > DISTILL_SHARE * deadline:
             print(f"distillation stopped at the deadline: {i} of {len(batches)} batches")
             break
-        records += distill_batch(lm, [prompts[j] for j in batch], split, args.max_new_tokens)
-        print(f"distilled {i + 1}/{len(batches)} batches, {time.time() - started:.0f} s")
+        records += distill_halving(lm, [prompts[j] for j in batch], split, args.max_new_tokens)
+        print(
+            f"distilled {i + 1}/{len(batches)} batches ({len(batch)} prompts of up to "
+            f"{max(lengths[j] for j in batch)} tokens), {time.time() - started:.0f} s"
+        )
     report.update(
         distill_seconds=round(time.time() - started, 1),
         sequences=len(records),
@@ -204,6 +293,7 @@ def _train(args: argparse.Namespace) -> None:
     save_report()
     rng.shuffle(records)
     held, training = records[: args.held_out], records[args.held_out :]
+    write_answers(args.out / "answers.json.gz", records, len(held), args)
     ranks = [int(r) for r in args.arms.split(",")]
     train_until = min(started + TRAIN_END * deadline, time.time() + args.train_seconds * len(ranks))
     for n, rank in enumerate(ranks):
@@ -265,7 +355,10 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("out", type=Path)
     t.add_argument("--device", default="cuda")
     t.add_argument("--arms", default="0", help="feed-forward adapter ranks, an arm each")
-    t.add_argument("--distill-batch", type=int, default=256)
+    t.add_argument("--distill-batch", type=int, default=1024, help="prompts per batch, at most")
+    t.add_argument(
+        "--distill-tokens", type=int, default=400_000, help="padded prompt tokens per batch"
+    )
     t.add_argument("--max-new-tokens", type=int, default=128)
     t.add_argument("--batch", type=int, default=64, help="sequences per step")
     t.add_argument("--positions", type=int, default=128, help="trained positions per sequence")
@@ -274,6 +367,9 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--train-seconds", type=float, default=300, help="per arm, at most")
     t.add_argument("--deadline", type=float, default=0, help="whole run, seconds (0: none)")
     t.add_argument("--held-out", type=int, default=64, help="distilled answers held out")
+    t.add_argument(
+        "--eval-seconds", type=float, default=60, help="held-out check interval (0: end only)"
+    )
     return parser
 
 

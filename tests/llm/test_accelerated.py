@@ -10,7 +10,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from edgestream.llm.accelerated import _parser, answer_batch, read_prompts, train
+from edgestream.llm.accelerated import (
+    _keep_best,
+    _parser,
+    answer_batch,
+    read_prompts,
+    token_budget_batches,
+    train,
+)
 from edgestream.llm.loading import load_language_model
 from edgestream.llm.msa import SpeculativeStreams, StreamConfig, load_streams, save_streams
 from edgestream.llm.train import IGNORE
@@ -46,6 +53,17 @@ def test_answer_batch_labels_stream_j_at_t_with_token_t_plus_2_plus_j() -> None:
                 assert batch.targets[b, i, j] == expected
 
 
+def test_token_budget_batches_cover_every_prompt_once_within_both_limits() -> None:
+    lengths = [random.Random(i).randint(1, 500) for i in range(300)]
+    batches = token_budget_batches(lengths, max_batch=16, max_tokens=2000)
+    assert sorted(i for b in batches for i in b) == list(range(300))
+    for batch in batches:
+        assert len(batch) <= 16
+        assert len(batch) * max(lengths[i] for i in batch) <= 2000 or len(batch) == 1
+    assert max(len(b) for b in batches) == 16  # short prompts fill whole batches
+    assert token_budget_batches([3000, 10], 4, 100) == [[1], [0]]  # too long alone: still kept
+
+
 def test_prompts_files_are_checked(tmp_path: Path) -> None:
     bad = tmp_path / "prompts.json.gz"
     bad.write_bytes(b"not gzip")
@@ -72,7 +90,8 @@ def test_a_whole_run_distils_trains_each_arm_and_writes_loadable_streams(
     args = _parser().parse_args(
         ["train", str(tiny_model_dir), str(prompts), str(init), str(out), "--device", "cpu",
          "--arms", "0,3", "--distill-batch", "4", "--max-new-tokens", "12", "--batch", "3",
-         "--positions", "4", "--warmup", "1", "--train-seconds", "1.5", "--held-out", "2"]
+         "--positions", "4", "--warmup", "1", "--train-seconds", "1.5", "--held-out", "2",
+         "--eval-seconds", "0.5"]
     )  # fmt: skip
     train(args)
     report = json.loads((out / "report.json").read_text())
@@ -83,4 +102,23 @@ def test_a_whole_run_distils_trains_each_arm_and_writes_loadable_streams(
         streams, info = load_streams(out / f"streams-ffn{rank}.safetensors", lm.model)
         assert streams.config.ffn_rank == rank and info["steps"] == arm["steps"]
         assert streams.config.n_streams == 2 and info["sequences"] == len(rows) - 2
+        assert arm["checks"] and arm["held_out_top1_after"] in [c[1] for c in arm["checks"]] + [
+            arm["held_out_top1_before"]
+        ]
+    answers = json.loads(gzip.decompress((out / "answers.json.gz").read_bytes()))
+    assert sorted(a["key"] for a in answers["answers"]) == sorted(r["key"] for r in rows)
+    assert sum(a["held_out"] for a in answers["answers"]) == 2
+    assert all(0 < len(a["answer"]) <= 12 for a in answers["answers"])
     assert torch.empty(1).device.type == "cpu"  # the default device is given back
+
+
+def test_an_arm_keeps_its_best_streams_not_its_last() -> None:
+    streams = torch.nn.Linear(2, 2)
+    best_state = {k: v.clone() for k, v in streams.state_dict().items()}
+    with torch.no_grad():
+        streams.weight.add_(1.0)
+    checks: list = []
+    best, state = _keep_best(streams, lambda: [0.1, 0.1], [0.3, 0.2], best_state, 7, checks)
+    assert best == [0.3, 0.2] and state is best_state and checks == [[7, [0.1, 0.1]]]
+    best, state = _keep_best(streams, lambda: [0.4, 0.2], best, best_state, 9, checks)
+    assert best == [0.4, 0.2] and torch.equal(state["weight"], streams.weight)
