@@ -13,12 +13,16 @@ distilling again. The bundled streams were trained with it (model card).
     python -m edgestream.llm.accelerated prompts PROMPTS.json.gz [--cap gsm8k=3000]
         [--exclude-held-out RUN]
     python -m edgestream.llm.accelerated train MODEL PROMPTS.json.gz INIT_STREAMS OUT
-        [--device cuda] [--arms 0,32] [--deadline SECONDS]
+        [--device cuda] [--arms 0,32] [--deadline SECONDS] [--answers ANSWERS.json.gz]
+    python -m edgestream.llm.accelerated medusa MODEL PROMPTS.json.gz ANSWERS.json.gz OUT
+        [--device cuda] [--deadline SECONDS]
 
 The prompts file is gzipped JSON, `[{"category", "key", "prompt"}]` (train splits only), so a
 machine without the task data can still distil. `train` writes OUT/streams-ffnR.safetensors
 per arm, OUT/report.json and OUT/answers.json.gz (`{"model", "dtype", "max_new_tokens",
-"answers": [{"category", "key", "answer": [token ids], "held_out"}]}`).
+"answers": [{"category", "key", "answer": [token ids], "held_out"}]}`) when it distils.
+`medusa` trains the Medusa-1 baseline's heads on such answers (the same held-out ones) and
+writes OUT/medusa.safetensors (bfloat16) and OUT/report.json.
 """
 
 from __future__ import annotations
@@ -34,9 +38,11 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from torch import Tensor, nn
 
-from edgestream.llm.distill import distill_batch, load_shards, shards_in
+from edgestream.llm.distill import SplitCapture, distill_batch, load_shards, shards_in
 from edgestream.llm.loading import LanguageModel, load_language_model
+from edgestream.llm.medusa import MedusaConfig, MedusaHeads, MedusaObjective, save_medusa
 from edgestream.llm.msa import SpeculativeStreams, load_streams, save_streams
 from edgestream.llm.tasks import CATEGORIES, TaskPrompt, task_prompts
 from edgestream.llm.train import (
@@ -46,6 +52,7 @@ from edgestream.llm.train import (
     TrainConfig,
     clipped_step,
     cosine_to_a_tenth,
+    frequent_answer_tokens,
     held_out_top1,
     hold_out,
 )
@@ -144,6 +151,68 @@ def distill_halving(
     return records
 
 
+def distill_until(
+    lm: LanguageModel,
+    prompts: list[TaskPrompt],
+    split: int,
+    args: argparse.Namespace,
+    stop_at: float,
+    rng: random.Random,
+) -> list[dict]:
+    """Greedy answers with split-layer states, in token-budget batches, until `stop_at`."""
+    lengths = [len(lm.encode_prompt(p.prompt)) for p in prompts]
+    batches = token_budget_batches(lengths, args.distill_batch, args.distill_tokens)
+    rng.shuffle(batches)  # a distillation cut short by the deadline still mixes every task
+    records: list[dict] = []
+    for i, batch in enumerate(batches):
+        if time.time() > stop_at:
+            print(f"distillation stopped at the deadline: {i} of {len(batches)} batches")
+            break
+        records += distill_halving(lm, [prompts[j] for j in batch], split, args.max_new_tokens)
+        print(
+            f"distilled {i + 1}/{len(batches)} batches ({len(batch)} prompts of up to "
+            f"{max(lengths[j] for j in batch)} tokens)"
+        )
+    return records
+
+
+def records_from_answers(
+    lm: LanguageModel, prompts: list[TaskPrompt], path: Path, split: int, max_tokens: int
+) -> list[dict]:
+    """Records as `distill_batch` makes them, for the answers an earlier run wrote
+    (`write_answers`), each marked `held_out` as it was there: one forward pass over each
+    prompt plus answer captures the split-layer states, far cheaper than generating again."""
+    try:
+        written = json.loads(gzip.decompress(path.read_bytes()))["answers"]
+        by_key = {(p.category, p.key): p for p in prompts}
+        pairs = [(by_key[a["category"], a["key"]], a) for a in written]
+    except (OSError, json.JSONDecodeError, KeyError, TypeError) as err:
+        raise ValueError(f"{path}: not answers to these prompts ({err!r})") from err
+    sequences = [lm.encode_prompt(p.prompt) + a["answer"] for p, a in pairs]
+    # The last answer token is never fed back, so its state does not exist (as in distillation).
+    fed = [s[:-1] for s in sequences]
+    records: list[dict] = [{} for _ in pairs]
+    for batch in token_budget_batches([len(f) for f in fed], len(fed), max_tokens):
+        capture = SplitCapture(lm, split)
+        try:
+            rows = torch.nn.utils.rnn.pad_sequence([torch.tensor(fed[i]) for i in batch], True)
+            lm.model.hidden_states(rows, lm.model.new_cache(rows.shape[1], batch_size=len(batch)))
+        finally:
+            capture.close()
+        states = capture.chunks[0]
+        for b, i in enumerate(batch):
+            prompt, answer = pairs[i]
+            records[i] = {
+                "category": prompt.category,
+                "key": prompt.key,
+                "tokens": torch.tensor(sequences[i]),
+                "prompt_length": len(sequences[i]) - len(answer["answer"]),
+                "split_hidden": states[b, : len(fed[i])].to(torch.bfloat16),
+                "held_out": bool(answer["held_out"]),
+            }
+    return records
+
+
 def write_answers(path: Path, records: list[dict], held_out: int, args: argparse.Namespace) -> None:
     """The distilled answers as token ids (the prompts' ids follow from their keys), the
     first `held_out` of `records` marked as held out."""
@@ -160,10 +229,6 @@ def write_answers(path: Path, records: list[dict], held_out: int, args: argparse
     path.write_bytes(gzip.compress(json.dumps({**made, "answers": answers}).encode(), 6))
 
 
-def _weighted(objective: StreamObjective, batch: Batch) -> tuple:
-    return objective(batch, STREAM_WEIGHT)
-
-
 def train_arm(
     lm: LanguageModel,
     init_streams: Path,
@@ -174,23 +239,52 @@ def train_arm(
     seconds: float,
     rng: random.Random,
 ) -> tuple[SpeculativeStreams, dict]:
-    """Continue `init_streams` (plus feed-forward adapters of `ffn_rank`) for `seconds`:
-    AdamW, linear warm-up, cosine decay over the time budget to a tenth."""
+    """Continue `init_streams` (plus feed-forward adapters of `ffn_rank`) for `seconds`."""
     streams, _ = load_streams(init_streams, lm.model, torch.float32)
     if ffn_rank:
         streams.add_feed_forward_adapters(lm.model.config, ffn_rank)
-    streams = streams.to(args.device).requires_grad_(True).train()
-    gamma = streams.config.n_streams
+    streams = streams.to(args.device)
     objective = StreamObjective(lm.model, streams, streams.split)
-    arm: dict = {"ffn_rank": ffn_rank, "budget_seconds": round(seconds, 1)}
+    arm = fit_until(
+        streams,
+        lambda batch: objective(batch, STREAM_WEIGHT),
+        streams.config.n_streams,
+        training,
+        held,
+        args,
+        seconds,
+        rng,
+        f"ffn {ffn_rank}",
+    )
+    return streams, {"ffn_rank": ffn_rank, **arm}
+
+
+def fit_until(
+    trained: nn.Module,
+    objective: Callable[[Batch], tuple[Tensor, Tensor, Tensor]],
+    depth: int,
+    training: list[dict],
+    held: list[dict],
+    args: argparse.Namespace,
+    seconds: float,
+    rng: random.Random,
+    label: str,
+) -> dict:
+    """Train `trained` for `seconds` on batches of `training` (AdamW, linear warm-up, cosine
+    decay over the time budget to a tenth), checking held-out top-1 per draft depth every
+    `args.eval_seconds`; `trained` ends holding its best weights. Returns the arm's report."""
+    trained.requires_grad_(True).train()
+    arm: dict = {"budget_seconds": round(seconds, 1)}
 
     # Every answer position of the held-out answers, as `edgestream train streams` measures.
+    @torch.no_grad()
     def measure() -> list[float]:
-        return held_out_top1(objective, _weighted, held, gamma, TrainConfig(batch_sequences=8))
+        config = TrainConfig(batch_sequences=8)
+        return held_out_top1(objective, lambda call, batch: call(batch), held, depth, config)
 
     best = arm["held_out_top1_before"] = measure()
-    best_state = {k: v.clone() for k, v in streams.state_dict().items()}
-    optimizer = torch.optim.AdamW(streams.parameters(), lr=args.lr, weight_decay=0.0)
+    best_state = {k: v.clone() for k, v in trained.state_dict().items()}
+    optimizer = torch.optim.AdamW(trained.parameters(), lr=args.lr, weight_decay=0.0)
     started, step, log, checks = time.time(), 0, [], []
     next_check = args.eval_seconds
     while seconds > 0 and time.time() - started < seconds:
@@ -198,38 +292,30 @@ def train_arm(
         warm = min(1.0, (step + 1) / args.warmup)
         for group in optimizer.param_groups:
             group["lr"] = args.lr * warm * cosine_to_a_tenth(progress)
-        batch = answer_batch(
-            rng.sample(training, min(args.batch, len(training))),
-            args.positions,
-            gamma,
-            rng,
-            args.device,
+        sequences = rng.sample(training, min(args.batch, len(training)))
+        loss, hits, labelled = objective(
+            answer_batch(sequences, args.positions, depth, rng, args.device)
         )
-        loss, hits, labelled = objective(batch, STREAM_WEIGHT)
-        clipped_step(optimizer, streams, loss)
+        clipped_step(optimizer, trained, loss)
         step += 1
         if step % 50 == 0:
             accuracy = [round(a, 4) for a in (hits / labelled.clamp(min=1)).tolist()]
             log.append([step, round(time.time() - started, 1), round(loss.item(), 4), accuracy])
-            print(f"ffn {ffn_rank}: step {step}, loss {loss.item():.3f}, top-1 {accuracy}")
+            print(f"{label}: step {step}, loss {loss.item():.3f}, top-1 {accuracy}")
         if args.eval_seconds and time.time() - started > next_check:
             next_check += args.eval_seconds
-            best, best_state = _keep_best(streams, measure, best, best_state, step, checks)
-            streams.train()
-    streams.eval()
-    best, best_state = _keep_best(streams, measure, best, best_state, step, checks)
-    streams.load_state_dict(best_state)
+            best, best_state = _keep_best(trained, measure, best, best_state, step, checks)
+            trained.train()
+    best, best_state = _keep_best(trained, measure, best, best_state, step, checks)
+    trained.load_state_dict(best_state)
     arm.update(steps=step, train_seconds=round(time.time() - started, 1), log=log, checks=checks)
     arm["held_out_top1_after"] = best
-    print(
-        f"ffn {ffn_rank}: held-out top-1 {arm['held_out_top1_before']} -> "
-        f"{arm['held_out_top1_after']}"
-    )
-    return streams, arm
+    print(f"{label}: held-out top-1 {arm['held_out_top1_before']} -> {best}")
+    return arm
 
 
 def _keep_best(
-    streams: SpeculativeStreams,
+    trained: nn.Module,
     measure: Callable[[], list[float]],
     best: list[float],
     best_state: dict,
@@ -238,12 +324,12 @@ def _keep_best(
 ) -> tuple[list[float], dict]:
     """Measure held-out top-1; the streams with the highest sum over depths (the expected
     accepted length of a chain draft grows with each depth's accuracy) are kept."""
-    streams.eval()
+    trained.eval()
     top1 = measure()
     checks.append([step, [round(a, 4) for a in top1]])
     print(f"step {step}: held-out top-1 {checks[-1][1]}")
     if sum(top1) > sum(best):
-        return top1, {k: v.clone() for k, v in streams.state_dict().items()}
+        return top1, {k: v.clone() for k, v in trained.state_dict().items()}
     return best, best_state
 
 
@@ -252,6 +338,26 @@ def train(args: argparse.Namespace) -> None:
         _train(args)
     finally:
         torch.set_default_device(None)
+
+
+def medusa(args: argparse.Namespace) -> None:
+    try:
+        _medusa(args)
+    finally:
+        torch.set_default_device(None)
+
+
+def _load_on_device(args: argparse.Namespace) -> tuple[LanguageModel, list[TaskPrompt]]:
+    prompts = read_prompts(args.prompts)
+    lm = load_language_model(args.model, "bfloat16", pack=False)  # packed has no backward
+    lm.model.to(args.device).requires_grad_(False)
+    # Every tensor the engine and the training code create lands beside the model.
+    torch.set_default_device(args.device)
+    return lm, prompts
+
+
+def _device_name(args: argparse.Namespace) -> str:
+    return torch.cuda.get_device_name() if args.device == "cuda" else args.device
 
 
 def _train(args: argparse.Namespace) -> None:
@@ -264,26 +370,14 @@ def _train(args: argparse.Namespace) -> None:
         report["wall_seconds"] = round(time.time() - started, 1)
         (args.out / "report.json").write_text(json.dumps(report, indent=1))
 
-    prompts = read_prompts(args.prompts)
-    lm = load_language_model(args.model, "bfloat16", pack=False)  # packed has no backward
-    lm.model.to(args.device).requires_grad_(False)
-    # Every tensor the engine and the training code create lands beside the model.
-    torch.set_default_device(args.device)
+    lm, prompts = _load_on_device(args)
     split = load_streams(args.init_streams, lm.model)[0].split
     rng = random.Random(0)
-    lengths = [len(lm.encode_prompt(p.prompt)) for p in prompts]
-    batches = token_budget_batches(lengths, args.distill_batch, args.distill_tokens)
-    rng.shuffle(batches)  # a distillation cut short by the deadline still mixes every task
-    records: list[dict] = []
-    for i, batch in enumerate(batches):
-        if time.time() - started > DISTILL_SHARE * deadline:
-            print(f"distillation stopped at the deadline: {i} of {len(batches)} batches")
-            break
-        records += distill_halving(lm, [prompts[j] for j in batch], split, args.max_new_tokens)
-        print(
-            f"distilled {i + 1}/{len(batches)} batches ({len(batch)} prompts of up to "
-            f"{max(lengths[j] for j in batch)} tokens), {time.time() - started:.0f} s"
-        )
+    if args.answers:
+        records = records_from_answers(lm, prompts, args.answers, split, args.distill_tokens)
+        print(f"{len(records)} answers read from {args.answers}, {time.time() - started:.0f} s")
+    else:
+        records = distill_until(lm, prompts, split, args, started + DISTILL_SHARE * deadline, rng)
     report.update(
         distill_seconds=round(time.time() - started, 1),
         sequences=len(records),
@@ -291,9 +385,13 @@ def _train(args: argparse.Namespace) -> None:
         arms={},
     )
     save_report()
-    rng.shuffle(records)
-    held, training = records[: args.held_out], records[args.held_out :]
-    write_answers(args.out / "answers.json.gz", records, len(held), args)
+    if args.answers:  # the same held-out answers as the run that wrote them
+        held = [r for r in records if r["held_out"]]
+        training = [r for r in records if not r["held_out"]]
+    else:
+        rng.shuffle(records)
+        held, training = records[: args.held_out], records[args.held_out :]
+        write_answers(args.out / "answers.json.gz", records, len(held), args)
     ranks = [int(r) for r in args.arms.split(",")]
     train_until = min(started + TRAIN_END * deadline, time.time() + args.train_seconds * len(ranks))
     for n, rank in enumerate(ranks):
@@ -303,7 +401,7 @@ def _train(args: argparse.Namespace) -> None:
         facts = {
             "init_streams": str(args.init_streams),
             "trainer": "python -m edgestream.llm.accelerated train",
-            "device": torch.cuda.get_device_name() if args.device == "cuda" else args.device,
+            "device": _device_name(args),
             "steps": arm["steps"],
             "batch": args.batch,
             "positions": args.positions,
@@ -313,6 +411,53 @@ def _train(args: argparse.Namespace) -> None:
         with torch.device("cpu"):
             save_streams(streams.cpu(), args.out / f"streams-ffn{rank}.safetensors", facts)
         save_report()
+
+
+def _medusa(args: argparse.Namespace) -> None:
+    """Medusa-1 heads on an earlier run's answers, within the deadline: the baseline trained
+    on the same answers as the streams, on the same machine."""
+    started = time.time()
+    deadline = args.deadline or math.inf
+    args.out.mkdir(parents=True, exist_ok=True)
+    lm, prompts = _load_on_device(args)
+    n_layers = lm.model.config.n_layers
+    # The heads read the last layer's output: capture it there once, for every answer.
+    records = records_from_answers(lm, prompts, args.answers, n_layers, args.distill_tokens)
+    held = [r for r in records if r["held_out"]]
+    training = [r for r in records if not r["held_out"]]
+    config = MedusaConfig(n_heads=args.heads, draft_vocab_size=args.draft_vocab)
+    heads = MedusaHeads(lm.model.config, config)
+    vocab = frequent_answer_tokens(training, args.draft_vocab) if args.draft_vocab else None
+    heads.init_from(lm.model, vocab)
+    objective = MedusaObjective(lm.model, heads)
+    weights = config.loss_decay ** torch.arange(config.n_heads, dtype=torch.float)
+    seconds = min(args.train_seconds, started + TRAIN_END * deadline - time.time())
+    arm = fit_until(
+        heads,
+        lambda batch: objective(batch, weights),
+        config.n_heads,
+        training,
+        held,
+        args,
+        seconds,
+        random.Random(0),
+        "medusa",
+    )
+    facts = {
+        "trainer": "python -m edgestream.llm.accelerated medusa",
+        "answers": str(args.answers),
+        "device": _device_name(args),
+        "steps": arm["steps"],
+        "batch": args.batch,
+        "positions": args.positions,
+        "sequences": len(training),
+        "held_out_top1": [round(a, 4) for a in arm["held_out_top1_after"]],
+    }
+    with torch.device("cpu"):
+        save_medusa(heads.cpu().to(torch.bfloat16), args.out / "medusa.safetensors", facts)
+    report = {"args": {k: str(v) for k, v in vars(args).items()}, "sequences": len(records)}
+    report.update(medusa=arm, wall_seconds=round(time.time() - started, 1))
+    (args.out / "report.json").write_text(json.dumps(report, indent=1))
 
 
 def prompts_command(args: argparse.Namespace) -> None:
@@ -329,6 +474,22 @@ def prompts_command(args: argparse.Namespace) -> None:
         exclude += [r["tokens"][: r["prompt_length"]].tolist() for r in held]
     n = write_prompts(args.out, args.data, caps, exclude, lm)
     print(f"{n} prompts written to {args.out}")
+
+
+def _training_options(command: argparse.ArgumentParser) -> None:
+    command.add_argument("--device", default="cuda")
+    command.add_argument(
+        "--distill-tokens", type=int, default=400_000, help="padded tokens per batch, at most"
+    )
+    command.add_argument("--batch", type=int, default=64, help="sequences per step")
+    command.add_argument("--positions", type=int, default=128, help="positions per sequence")
+    command.add_argument("--lr", type=float, default=1e-3)
+    command.add_argument("--warmup", type=int, default=100)
+    command.add_argument("--train-seconds", type=float, default=300, help="per arm, at most")
+    command.add_argument("--deadline", type=float, default=0, help="whole run, s (0: none)")
+    command.add_argument(
+        "--eval-seconds", type=float, default=60, help="held-out check interval (0: end only)"
+    )
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -348,37 +509,36 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--held-out", type=int, default=64, help="that run's --dev-sequences")
     p.add_argument("--split", type=int, default=20, help="that run's distill-at-N")
-    t = commands.add_parser("train", help="distil and train within a deadline")
+    t = commands.add_parser("train", help="distil and train streams within a deadline")
     t.add_argument("model")
     t.add_argument("prompts", type=Path)
     t.add_argument("init_streams", type=Path)
     t.add_argument("out", type=Path)
-    t.add_argument("--device", default="cuda")
     t.add_argument("--arms", default="0", help="feed-forward adapter ranks, an arm each")
     t.add_argument("--distill-batch", type=int, default=1024, help="prompts per batch, at most")
-    t.add_argument(
-        "--distill-tokens", type=int, default=400_000, help="padded prompt tokens per batch"
-    )
     t.add_argument("--max-new-tokens", type=int, default=128)
-    t.add_argument("--batch", type=int, default=64, help="sequences per step")
-    t.add_argument("--positions", type=int, default=128, help="trained positions per sequence")
-    t.add_argument("--lr", type=float, default=1e-3)
-    t.add_argument("--warmup", type=int, default=100)
-    t.add_argument("--train-seconds", type=float, default=300, help="per arm, at most")
-    t.add_argument("--deadline", type=float, default=0, help="whole run, seconds (0: none)")
     t.add_argument("--held-out", type=int, default=64, help="distilled answers held out")
     t.add_argument(
-        "--eval-seconds", type=float, default=60, help="held-out check interval (0: end only)"
+        "--answers",
+        type=Path,
+        default=None,
+        help="an earlier run's answers.json.gz: train on them instead of distilling",
     )
+    _training_options(t)
+    m = commands.add_parser("medusa", help="train Medusa-1 heads on an earlier run's answers")
+    m.add_argument("model")
+    m.add_argument("prompts", type=Path)
+    m.add_argument("answers", type=Path, help="an earlier run's answers.json.gz")
+    m.add_argument("out", type=Path)
+    m.add_argument("--heads", type=int, default=MedusaConfig.n_heads)
+    m.add_argument("--draft-vocab", type=int, default=MedusaConfig.draft_vocab_size)
+    _training_options(m)
     return parser
 
 
 def main() -> None:
     args = _parser().parse_args()
-    if args.command == "prompts":
-        prompts_command(args)
-    else:
-        train(args)
+    {"prompts": prompts_command, "train": train, "medusa": medusa}[args.command](args)
 
 
 if __name__ == "__main__":

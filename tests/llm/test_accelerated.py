@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import gzip
 import json
 import random
@@ -14,12 +15,18 @@ from edgestream.llm.accelerated import (
     _keep_best,
     _parser,
     answer_batch,
+    distill_halving,
+    medusa,
     read_prompts,
+    records_from_answers,
     token_budget_batches,
     train,
+    write_answers,
 )
 from edgestream.llm.loading import load_language_model
+from edgestream.llm.medusa import load_medusa
 from edgestream.llm.msa import SpeculativeStreams, StreamConfig, load_streams, save_streams
+from edgestream.llm.tasks import TaskPrompt
 from edgestream.llm.train import IGNORE
 from tests.conftest import TINY_CORPUS
 
@@ -110,6 +117,53 @@ def test_a_whole_run_distils_trains_each_arm_and_writes_loadable_streams(
     assert sum(a["held_out"] for a in answers["answers"]) == 2
     assert all(0 < len(a["answer"]) <= 12 for a in answers["answers"])
     assert torch.empty(1).device.type == "cpu"  # the default device is given back
+
+    # A second run trains on the first one's answers, with the same held-out ones.
+    again = _parser().parse_args(
+        ["train", str(tiny_model_dir), str(prompts), str(init), str(tmp_path / "again"),
+         "--device", "cpu", "--arms", "0", "--batch", "3", "--positions", "4", "--warmup", "1",
+         "--train-seconds", "0.5", "--answers", str(out / "answers.json.gz")]
+    )  # fmt: skip
+    train(again)
+    second = json.loads((tmp_path / "again" / "report.json").read_text())
+    assert second["sequences"] == len(rows) and second["answer_tokens"] == report["answer_tokens"]
+    again_info = load_streams(tmp_path / "again" / "streams-ffn0.safetensors", lm.model)[1]
+    assert again_info["sequences"] == len(rows) - 2
+
+    # The Medusa baseline trains on the same answers.
+    heads_run = _parser().parse_args(
+        ["medusa", str(tiny_model_dir), str(prompts), str(out / "answers.json.gz"),
+         str(tmp_path / "medusa"), "--device", "cpu", "--draft-vocab", "32", "--batch", "3",
+         "--positions", "4", "--warmup", "1", "--train-seconds", "0.5"]
+    )  # fmt: skip
+    medusa(heads_run)
+    heads, info = load_medusa(tmp_path / "medusa" / "medusa.safetensors", lm.model, torch.float32)
+    medusa_report = json.loads((tmp_path / "medusa" / "report.json").read_text())
+    assert heads.config.n_heads == 4 and heads.config.draft_vocab_size == 32
+    assert info["steps"] == medusa_report["medusa"]["steps"] >= 1
+    assert info["sequences"] == len(rows) - 2 and len(info["held_out_top1"]) == 4
+    assert torch.empty(1).device.type == "cpu"
+
+
+def test_answers_written_and_read_back_give_the_distilled_records(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    lm = load_language_model(str(tiny_model_dir), dtype="float32", pack=False)
+    prompts = [TaskPrompt("t", str(i), text) for i, text in enumerate([*TINY_CORPUS, "why?"])]
+    distilled = distill_halving(lm, prompts, 2, 10)
+    path = tmp_path / "answers.json.gz"
+    write_answers(path, distilled, 2, argparse.Namespace(model="tiny", max_new_tokens=10))
+    read = records_from_answers(lm, prompts, path, 2, max_tokens=64)
+    assert [r["held_out"] for r in read] == [True, True, False, False, False]
+    for ours, theirs in zip(read, distilled, strict=True):
+        assert torch.equal(ours["tokens"], theirs["tokens"]) and ours["key"] == theirs["key"]
+        assert ours["prompt_length"] == theirs["prompt_length"]
+        assert ours["split_hidden"].shape == theirs["split_hidden"].shape
+        torch.testing.assert_close(
+            ours["split_hidden"].float(), theirs["split_hidden"].float(), atol=2e-2, rtol=2e-2
+        )
+    with pytest.raises(ValueError, match="not answers to these prompts"):
+        records_from_answers(lm, prompts[:2], path, 2, max_tokens=64)
 
 
 def test_an_arm_keeps_its_best_streams_not_its_last() -> None:
