@@ -323,7 +323,7 @@ def _keep_best(
     step: int,
     checks: list,
 ) -> tuple[list[float], dict]:
-    """Measure held-out top-1; the streams with the highest sum over depths (the expected
+    """Measure held-out top-1; the weights with the highest sum over depths (the expected
     accepted length of a chain draft grows with each depth's accuracy) are kept."""
     trained.eval()
     top1 = measure()
