@@ -357,6 +357,19 @@ def _load_on_device(args: argparse.Namespace) -> tuple[LanguageModel, list[TaskP
     return lm, prompts
 
 
+def _run_facts(command: str, args: argparse.Namespace, arm: dict, training: list) -> dict:
+    """What a saved weights file records about the run that trained it."""
+    return {
+        "trainer": f"python -m edgestream.llm.accelerated {command}",
+        "device": _device_name(args),
+        "steps": arm["steps"],
+        "batch": args.batch,
+        "positions": args.positions,
+        "sequences": len(training),
+        "held_out_top1": [round(a, 4) for a in arm["held_out_top1_after"]],
+    }
+
+
 def _device_name(args: argparse.Namespace) -> str:
     return torch.cuda.get_device_name() if args.device == "cuda" else args.device
 
@@ -399,16 +412,7 @@ def _train(args: argparse.Namespace) -> None:
         seconds = (train_until - time.time()) / (len(ranks) - n)
         streams, arm = train_arm(lm, args.init_streams, rank, training, held, args, seconds, rng)
         report["arms"][f"ffn{rank}"] = arm
-        facts = {
-            "init_streams": str(args.init_streams),
-            "trainer": "python -m edgestream.llm.accelerated train",
-            "device": _device_name(args),
-            "steps": arm["steps"],
-            "batch": args.batch,
-            "positions": args.positions,
-            "sequences": len(training),
-            "held_out_top1": [round(a, 4) for a in arm["held_out_top1_after"]],
-        }
+        facts = {"init_streams": str(args.init_streams), **_run_facts("train", args, arm, training)}
         with torch.device("cpu"):
             save_streams(streams.cpu(), args.out / f"streams-ffn{rank}.safetensors", facts)
         save_report()
@@ -444,16 +448,7 @@ def _medusa(args: argparse.Namespace) -> None:
         random.Random(0),
         "medusa",
     )
-    facts = {
-        "trainer": "python -m edgestream.llm.accelerated medusa",
-        "answers": str(args.answers),
-        "device": _device_name(args),
-        "steps": arm["steps"],
-        "batch": args.batch,
-        "positions": args.positions,
-        "sequences": len(training),
-        "held_out_top1": [round(a, 4) for a in arm["held_out_top1_after"]],
-    }
+    facts = {"answers": str(args.answers), **_run_facts("medusa", args, arm, training)}
     with torch.device("cpu"):
         save_medusa(heads.cpu(), args.out / "medusa.safetensors", facts)
     report = {"args": {k: str(v) for k, v in vars(args).items()}, "sequences": len(records)}
