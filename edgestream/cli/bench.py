@@ -421,11 +421,6 @@ def bench_quality_command(
                 }
             if "ss" in decoded:
                 row.update(speed_stats(decoded["ar"], decoded["ss"]))
-            # Our answers only: references stay in the data folder (their licences).
-            row["examples"] = [
-                {"prompt": p.key, "answer": text}
-                for p, text in list(zip(prompts, decoded["ar"].texts, strict=True))[:3]
-            ]
             rows.append(row)
     report = {
         "task": task,

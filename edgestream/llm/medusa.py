@@ -184,8 +184,10 @@ def train_medusa(
     return heads
 
 
-def save_medusa(heads: MedusaHeads, path: Path, info: dict[str, object]) -> None:
-    save_weights(heads, path, "medusa_config", heads.config.to_dict(), info)
+def save_medusa(
+    heads: MedusaHeads, path: Path, info: dict[str, object], dtype: torch.dtype = torch.float32
+) -> None:
+    save_weights(heads, path, "medusa_config", heads.config.to_dict(), info, dtype)
 
 
 def load_medusa(

@@ -10,14 +10,24 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
+import torch
 from torch import Tensor, nn
 
 
-def save_weights(module: nn.Module, path: Path, config_key: str, config: dict, info: dict) -> None:
+def save_weights(
+    module: nn.Module,
+    path: Path,
+    config_key: str,
+    config: dict,
+    info: dict,
+    dtype: torch.dtype = torch.float32,
+) -> None:
+    """`module`'s tensors in `dtype` (float32 unless a smaller file matters more than the last
+    bits: loading converts them to the module's own dtype)."""
     from safetensors.torch import save_file
 
     metadata = {config_key: json.dumps(config), "info": json.dumps(info)}
-    tensors = {k: v.detach().float().contiguous() for k, v in module.state_dict().items()}
+    tensors = {k: v.detach().to(dtype).contiguous() for k, v in module.state_dict().items()}
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
     save_file(tensors, str(tmp), metadata=metadata)

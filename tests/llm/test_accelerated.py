@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors import safe_open
 
 from edgestream.llm.accelerated import (
     _keep_best,
@@ -137,7 +138,10 @@ def test_a_whole_run_distils_trains_each_arm_and_writes_loadable_streams(
          "--positions", "4", "--warmup", "1", "--train-seconds", "0.5"]
     )  # fmt: skip
     medusa(heads_run)
-    heads, info = load_medusa(tmp_path / "medusa" / "medusa.safetensors", lm.model, torch.float32)
+    heads_file = tmp_path / "medusa" / "medusa.safetensors"
+    with safe_open(str(heads_file), framework="pt") as f:  # half the bytes to carry back
+        assert {f.get_slice(k).get_dtype() for k in f.keys()} == {"BF16"}  # noqa: SIM118
+    heads, info = load_medusa(heads_file, lm.model, torch.float32)
     medusa_report = json.loads((tmp_path / "medusa" / "report.json").read_text())
     assert heads.config.n_heads == 4 and heads.config.draft_vocab_size == 32
     assert info["steps"] == medusa_report["medusa"]["steps"] >= 1
