@@ -202,7 +202,7 @@ def train_rescorer_command(
 
     from edgestream.asr.text import lm_sentences, load_splits, text_sentences
     from edgestream.assist.transcript_lm import nats_per_token, transcript_records
-    from edgestream.llm.loading import load_language_model
+    from edgestream.llm.loading import load_language_model, training_dtype
     from edgestream.llm.lora import LoRAConfig
     from edgestream.llm.shared import save_adapter, train_shared
     from edgestream.llm.train import TrainConfig
@@ -221,7 +221,7 @@ def train_rescorer_command(
     set_threads(threads)
     quiet_libraries()
     rank, world = distributed_context()
-    lm = load_language_model(model, "bfloat16", pack=False)  # LoRA needs plain layers
+    lm = load_language_model(model, training_dtype(), pack=False)  # LoRA needs plain layers
     before = nats_per_token(lm, held) if held and rank == 0 else None
     records = transcript_records(lm, training)
     started = time.time()

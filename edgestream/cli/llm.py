@@ -237,7 +237,7 @@ def _train_drafter(
     import time
 
     from edgestream.llm.distill import distill, load_shards, shards_in
-    from edgestream.llm.loading import load_language_model
+    from edgestream.llm.loading import load_language_model, training_dtype
     from edgestream.llm.tasks import TaskPrompt, task_mix
     from edgestream.training import distributed_context
 
@@ -249,9 +249,10 @@ def _train_drafter(
     set_threads(threads)
     quiet_libraries()
     rank, world = distributed_context()
-    # The frozen base runs in bfloat16 for data and training: ~2x faster here, and drafters
-    # trained so serve float32 decoding equally (argmax agreement, measured in the bench).
-    lm = load_language_model(model, "bfloat16")
+    # The frozen base runs in bfloat16 for data and training where the CPU has it natively
+    # (~2x faster), and drafters trained so serve float32 decoding equally (argmax
+    # agreement, measured in the bench); elsewhere in float32 (`training_dtype`).
+    lm = load_language_model(model, training_dtype())
     captured_at = lm.model.config.n_layers - capture_layers
     # Checked before distilling, which may take long: a wrong folder fails at once.
     replay_shards = {s.name: s for run in replay for s in shards_in(run, captured_at)}
@@ -276,7 +277,7 @@ def _train_drafter(
         # A shard this run distilled itself is not replayed twice.
         own = {s.name for s in shards}
         replayed = load_shards([s for name, s in replay_shards.items() if name not in own])
-        base = load_language_model(model, "bfloat16", pack=False).model  # packed has no backward
+        base = load_language_model(model, training_dtype(), pack=False).model  # packed: no backward
         trained = train(base, records, replayed, captured_at, report)
     if rank != 0:
         return None
@@ -470,7 +471,7 @@ def _train_shared_mode(
     """Shared mode (LoRA + streams) or its baseline (LoRA, next-token loss) on a task."""
     import time
 
-    from edgestream.llm.loading import load_language_model
+    from edgestream.llm.loading import load_language_model, training_dtype
     from edgestream.llm.lora import LoRAConfig
     from edgestream.llm.shared import save_adapter, task_records, train_shared
     from edgestream.llm.tasks import task_prompts
@@ -485,7 +486,7 @@ def _train_shared_mode(
     set_threads(threads)
     quiet_libraries()
     rank, world = distributed_context()
-    lm = load_language_model(model, "bfloat16", pack=False)  # LoRA needs plain layers
+    lm = load_language_model(model, training_dtype(), pack=False)  # LoRA needs plain layers
     records = task_records(lm, prompts, max_answer_tokens)
     initial = None
     if init_streams is not None:

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from edgestream.llm import loading
 from edgestream.llm.loading import cache_root, load_language_model, parse_dtype, resolve_model
 
 
@@ -83,3 +84,12 @@ def test_local_directory_loads_with_its_chat_template(tiny_model_dir: Path) -> N
     assert len(chat_ids) > len(plain_ids)
     with pytest.raises(ValueError, match="prompt is empty"):
         lm.encode_prompt("   ")
+
+
+@pytest.mark.parametrize(("native", "expected"), [(True, "bfloat16"), (False, "float32")])
+def test_training_runs_in_bfloat16_only_where_the_cpu_has_it_natively(
+    monkeypatch: pytest.MonkeyPatch, native: bool, expected: str
+) -> None:
+    # Emulated bfloat16 made a shared-mode step ~38x slower than float32 on an AVX2-only CPU.
+    monkeypatch.setattr(loading, "native_bfloat16", lambda: native)
+    assert loading.training_dtype() == expected
