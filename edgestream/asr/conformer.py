@@ -101,7 +101,8 @@ class Subsampling(nn.Module):
 
 def rope_tables(head_dim: int, positions: Tensor, base: float) -> tuple[Tensor, Tensor]:
     """cos, sin of shape (len(positions), head_dim / 2) for absolute `positions`."""
-    inv_freq = base ** (-torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
+    steps = torch.arange(0, head_dim, 2, dtype=torch.float64, device=positions.device)
+    inv_freq = base ** (-steps / head_dim)
     angles = positions.to(torch.float64)[:, None] * inv_freq[None, :]
     return torch.cos(angles).float(), torch.sin(angles).float()
 

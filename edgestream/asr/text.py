@@ -14,6 +14,7 @@ label agree by construction. Its train/dev/test split is a pure function of the 
 from __future__ import annotations
 
 import csv
+import gzip
 import hashlib
 import json
 import re
@@ -386,3 +387,19 @@ def load_splits(
     for sentence in extract_sentences(data_dir, sources):
         parts[split_of(sentence, dev_fraction, test_fraction)].append(sentence)
     return SentenceSplits(tuple(parts["train"]), tuple(parts["dev"]), tuple(parts["test"]))
+
+
+def write_splits(splits: SentenceSplits, path: str | Path) -> None:
+    """The sentences as gzipped JSON, `{"train": [...], "dev": [...], "test": [...]}`, so a
+    machine without the task data (a lent accelerator) synthesises from the same ones."""
+    payload = {split: list(splits.get(split)) for split in ("train", "dev", "test")}
+    Path(path).write_bytes(gzip.compress(json.dumps(payload).encode("utf-8"), mtime=0))
+
+
+def read_splits(path: str | Path) -> SentenceSplits:
+    """What `write_splits` wrote; a clear error for anything else."""
+    try:
+        payload = json.loads(gzip.decompress(Path(path).read_bytes()))
+        return SentenceSplits(*(tuple(payload[s]) for s in ("train", "dev", "test")))
+    except (OSError, EOFError, ValueError, KeyError, TypeError) as error:
+        raise ValueError(f"{path} is not a sentences file ({error})") from error

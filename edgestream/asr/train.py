@@ -35,10 +35,12 @@ import functools
 import hashlib
 import json
 import math
+import multiprocessing
 import os
 import random
 import shutil
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
@@ -156,7 +158,12 @@ class FeatureStore:
     content, so an edited manifest is recomputed rather than read stale.
     """
 
-    def __init__(self, manifests: str | Path | Sequence[str | Path], cache_dir: str | Path) -> None:
+    def __init__(
+        self,
+        manifests: str | Path | Sequence[str | Path],
+        cache_dir: str | Path,
+        workers: int = 1,
+    ) -> None:
         if isinstance(manifests, str | Path):
             manifests = [manifests]
         paths = [Path(m) for m in manifests]
@@ -170,7 +177,7 @@ class FeatureStore:
         stem = Path(cache_dir) / f"{'+'.join(p.stem for p in paths)}-{digest.hexdigest()}"
         frames_path, index_path = stem.with_suffix(".f16.npy"), stem.with_suffix(".json")
         if not index_path.exists():
-            _build(paths, frames_path, index_path)
+            _build(paths, frames_path, index_path, workers)
         index = json.loads(index_path.read_text("utf-8"))
         self.frames = np.load(frames_path, mmap_mode="r")
         self.offsets: list[int] = index["offsets"]
@@ -185,16 +192,36 @@ class FeatureStore:
         return np.asarray(self.frames[self.offsets[i] : self.offsets[i] + self.lengths[i]])
 
 
-def _build(manifests: Sequence[Path], frames_path: Path, index_path: Path) -> None:
+def _fbank_of(audio: Path) -> np.ndarray:
+    return compute_fbank(load_audio(audio)).astype(np.float16)
+
+
+def _fbanks_in_order(audio: Sequence[Path], workers: int) -> Iterator[np.ndarray]:
+    """Each file's frames, in order; several processes compute a window of files at a time,
+    so memory holds one window's frames, not the corpus's."""
+    if workers <= 1:
+        yield from map(_fbank_of, audio)
+        return
+    methods = multiprocessing.get_all_start_methods()
+    context = multiprocessing.get_context("forkserver" if "forkserver" in methods else "spawn")
+    window = 256 * workers
+    with ProcessPoolExecutor(workers, mp_context=context) as pool:
+        for start in range(0, len(audio), window):
+            yield from pool.map(_fbank_of, audio[start : start + window], chunksize=32)
+
+
+def _build(
+    manifests: Sequence[Path], frames_path: Path, index_path: Path, workers: int = 1
+) -> None:
     """Frames are written to disk as each utterance is computed, so building a store takes
-    memory for one utterance, not for the corpus (56 h of audio is 3.2 GB of float16)."""
+    memory for one utterance (or one window of them), not for the corpus (56 h of audio is
+    3.2 GB of float16)."""
     entries = [(m.parent / e.audio, e) for m in manifests for e in read_manifest(m)]
     frames_path.parent.mkdir(parents=True, exist_ok=True)
     raw = frames_path.with_name(f".{frames_path.stem}.tmp.raw")
     lengths: list[int] = []
     with raw.open("wb") as out:
-        for audio, _ in entries:
-            matrix = compute_fbank(load_audio(audio)).astype(np.float16)
+        for matrix in _fbanks_in_order([audio for audio, _ in entries], workers):
             lengths.append(len(matrix))
             out.write(matrix.tobytes())
     temporary = frames_path.with_name(f".{frames_path.stem}.tmp.npy")
@@ -319,6 +346,12 @@ class Batch:
     targets: Tensor  # (sum of label lengths,)
     target_lengths: Tensor  # (B,)
 
+    def to(self, device: torch.device) -> Batch:
+        move = functools.partial(Tensor.to, device=device, non_blocking=True)
+        return Batch(
+            move(self.features), move(self.lengths), move(self.targets), move(self.target_lengths)
+        )
+
 
 @functools.cache
 def _noise_fbank(level: int) -> np.ndarray:
@@ -380,10 +413,11 @@ def make_batch(
 
 
 def ctc_loss(model: nn.Module, batch: Batch, chunk: int, left_chunks: int) -> Tensor:
-    """Summed CTC loss over the batch divided by its utterance count."""
+    """Summed CTC loss over the batch divided by its utterance count (in float32 whatever the
+    model computes in: CTC's log-space sums need the range)."""
     log_probs, out_lengths = model(batch.features, batch.lengths, chunk, left_chunks)
     loss = F.ctc_loss(
-        log_probs.transpose(0, 1),
+        log_probs.float().transpose(0, 1),
         batch.targets,
         out_lengths,
         batch.target_lengths,
@@ -394,7 +428,8 @@ def ctc_loss(model: nn.Module, batch: Batch, chunk: int, left_chunks: int) -> Te
     return loss / len(batch.lengths)
 
 
-def _draw_chunking(config: TrainConfig, rng: random.Random) -> tuple[int, int]:
+def draw_chunking(config: TrainConfig, rng: random.Random) -> tuple[int, int]:
+    """Full context, or a chunk of 1..max_chunk frames with 0..max_left_chunks left (or all)."""
     if rng.random() < config.full_context_prob:
         return 0, -1
     chunk = rng.randint(1, config.max_chunk)
@@ -402,11 +437,18 @@ def _draw_chunking(config: TrainConfig, rng: random.Random) -> tuple[int, int]:
     return chunk, (-1 if left == config.max_left_chunks else left)
 
 
-def _lr_at(step: int, total: int, config: TrainConfig) -> float:
+def scheduled_lr(step: int, progress: float, config: TrainConfig) -> float:
+    """Linear warm-up over the first steps, then cosine decay to 2% of the peak as `progress`
+    (the share of the schedule done after warm-up: of its steps, or of a time budget) goes
+    from 0 to 1."""
     if step < config.warmup_steps:
         return config.lr * (step + 1) / config.warmup_steps
-    progress = min(1.0, (step - config.warmup_steps) / max(1, total - config.warmup_steps))
-    return config.lr * (0.02 + 0.98 * 0.5 * (1 + math.cos(math.pi * progress)))
+    return config.lr * (0.02 + 0.98 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress))))
+
+
+def _lr_at(step: int, total: int, config: TrainConfig) -> float:
+    progress = (step - config.warmup_steps) / max(1, total - config.warmup_steps)
+    return scheduled_lr(step, progress, config)
 
 
 @torch.no_grad()
@@ -419,7 +461,9 @@ def evaluate(
     left_chunks: int,
     limit: int | None = None,
 ) -> float:
-    """Greedy WER of the chunk-masked model over (the first `limit` evenly spaced of) a store."""
+    """Greedy WER of the chunk-masked model over (the first `limit` evenly spaced of) a store,
+    computed on the device the model is on."""
+    device = next(model.parameters()).device
     was_training = model.training
     model.eval()
     indices = list(range(len(store)))
@@ -428,8 +472,9 @@ def evaluate(
     references, hypotheses = [], []
     for batch_indices in length_batches([store.lengths[i] for i in indices], 20_000):
         chosen = [indices[k] for k in batch_indices]
-        batch = make_batch(store, chosen, cmvn, vocabulary, None, random.Random(0))
+        batch = make_batch(store, chosen, cmvn, vocabulary, None, random.Random(0)).to(device)
         log_probs, lengths = model(batch.features, batch.lengths, chunk, left_chunks)
+        log_probs, lengths = log_probs.float().cpu(), lengths.cpu()
         for row, i in enumerate(chosen):
             ids = ctc_greedy(log_probs[row, : lengths[row]].numpy())
             hypotheses.append(vocabulary.decode(ids))
@@ -639,7 +684,7 @@ def train_asr(
             augment = None if warming else config
             batch = make_batch(train_store, indices, cmvn, vocabulary, augment, augment_rng)
             chunk_rng = random.Random(config.seed * 104_729 + step)
-            chunk, left = (0, -1) if warming else _draw_chunking(config, chunk_rng)
+            chunk, left = (0, -1) if warming else draw_chunking(config, chunk_rng)
             for group in optimizer.param_groups:
                 group["lr"] = _lr_at(step, total_steps, config)
             loss = ctc_loss(trainer, batch, chunk, left)
