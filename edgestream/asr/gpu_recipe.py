@@ -31,6 +31,7 @@ import argparse
 import json
 import os
 import random
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict, replace
@@ -87,15 +88,16 @@ class Batches(Dataset):
 
 def starting_point(
     init: Path | None, model_config: ConformerConfig, config: TrainConfig, store: FeatureStore
-) -> tuple[ConformerCTC, GlobalCmvn, Vocabulary]:
-    """The init model's weights, CMVN and vocabulary, or a fresh model over a vocabulary and
-    CMVN learnt from the training store."""
+) -> tuple[ConformerCTC, GlobalCmvn, Vocabulary, list]:
+    """The init model's weights, CMVN, vocabulary and the runs that made it (its card's
+    lineage, carried on), or a fresh model over a vocabulary and CMVN learnt from the
+    training store."""
     if init is not None:
         start = load_model(init)
         model = start.model.requires_grad_(True)
         if config.dropout is not None:
             model = _with_dropout(model, config.dropout)
-        return model, start.cmvn, start.vocabulary
+        return model, start.cmvn, start.vocabulary, list(start.info.get("runs", []))
     vocabulary = make_vocabulary(config.vocabulary or "bpe-256", store.texts)
     sample = range(0, len(store), max(1, len(store) // 2000))
     cmvn = GlobalCmvn.from_features(store.features(i).astype(np.float32) for i in sample)
@@ -103,7 +105,7 @@ def starting_point(
     if config.dropout is not None:
         model_config = replace(model_config, dropout=config.dropout)
     torch.manual_seed(config.seed)
-    return ConformerCTC(model_config), cmvn, vocabulary
+    return ConformerCTC(model_config), cmvn, vocabulary, []
 
 
 def _with_dropout(model: ConformerCTC, dropout: float) -> ConformerCTC:
@@ -232,6 +234,9 @@ def train_command(args: argparse.Namespace) -> None:
     """Synthesise, featurise, train within the deadline, save; every phase timed."""
     started = time.time()
     model_config, config = _settings(args.config)
+    sentences = read_splits(args.sentences)
+    if args.hours <= 0 or args.deadline <= args.reserve or args.eval_seconds < 0:
+        raise ValueError("expected --hours > 0, --deadline > --reserve and --eval-seconds >= 0")
     if args.flite_fraction > 0 and not flite_available():
         raise FileNotFoundError("--flite-fraction needs the flite command on PATH")
     out: Path = args.out
@@ -244,7 +249,7 @@ def train_command(args: argparse.Namespace) -> None:
         seed=args.seed,
         workers=cores,
         config=synth,
-        sentences=read_splits(args.sentences),
+        sentences=sentences,
         splits=("train", "dev"),
     )
     synth_seconds = time.time() - started
@@ -255,7 +260,7 @@ def train_command(args: argparse.Namespace) -> None:
     print(
         f"features of {len(train_store)} + {len(dev_store)} utterances in {feature_seconds:.0f} s"
     )
-    model, cmvn, vocabulary = starting_point(args.init, model_config, config, train_store)
+    model, cmvn, vocabulary, runs = starting_point(args.init, model_config, config, train_store)
     budget = args.deadline - (time.time() - started) - args.reserve
     report = fit_until(model, train_store, dev_store, cmvn, vocabulary, config, args, budget)
     model = model.float().cpu().eval()
@@ -266,7 +271,8 @@ def train_command(args: argparse.Namespace) -> None:
         "seed": args.seed,
         "flite_fraction": args.flite_fraction,
         "init": str(args.init) if args.init else None,
-        "history": report["checks"],
+        "history": [{"step": step, "dev_wer": wer} for step, wer in report["checks"]],
+        "runs": runs,
     }
     if args.save_dtype == "float16":
         model = model.half()
@@ -279,7 +285,7 @@ def train_command(args: argparse.Namespace) -> None:
         feature_seconds=round(feature_seconds, 1),
         parameters=sum(p.numel() for p in model.parameters()),
         model_config=model.config.to_dict(),
-        **{k: v for k, v in info.items() if k != "history"},
+        **{k: v for k, v in info.items() if k not in ("history", "runs")},
         wall_seconds=round(time.time() - started, 1),
     )
     (out / "report.json").write_text(json.dumps(report, indent=1) + "\n")
@@ -326,7 +332,11 @@ def _parser() -> argparse.ArgumentParser:
 
 def main() -> None:
     args = _parser().parse_args()
-    args.run(args)
+    try:
+        args.run(args)
+    except (ValueError, FileNotFoundError) as error:  # bad input: one line, exit code 2
+        print(f"error: {error}", file=sys.stderr)
+        raise SystemExit(2) from None
 
 
 if __name__ == "__main__":

@@ -14,7 +14,7 @@ from safetensors import safe_open
 
 from edgestream.asr.decode import CharVocabulary
 from edgestream.asr.features import GlobalCmvn
-from edgestream.asr.gpu_recipe import Batches, _parser
+from edgestream.asr.gpu_recipe import Batches, _parser, main
 from edgestream.asr.model_io import load_model
 from edgestream.asr.text import read_splits, write_splits
 from edgestream.asr.train import FeatureStore, TrainConfig, _lr_at, evaluate, scheduled_lr
@@ -128,3 +128,33 @@ def test_train_from_scratch_writes_a_float16_file_that_loads_as_float32(tmp_path
     model = load_model(path)
     assert {p.dtype for p in model.model.parameters()} == {torch.float32}
     assert model.vocabulary.to_metadata()["vocabulary"] == "char"
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        (["--hours", "0"], "--hours > 0"),
+        (["--deadline", "10", "--reserve", "20"], "--deadline > --reserve"),
+    ],
+)
+def test_bad_settings_are_refused_with_one_line_and_exit_code_2(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    options: list[str],
+    message: str,
+) -> None:
+    sentences = tmp_path / "sentences.json.gz"
+    write_splits(TINY_SENTENCES, sentences)
+    for argv, expected in (
+        ([str(tmp_path / "missing.json.gz")], "not a sentences file"),
+        ([str(sentences), *options], message),
+    ):
+        out = str(tmp_path / "out")
+        monkeypatch.setattr("sys.argv", ["gpu_recipe", "train", argv[0], out, *argv[1:]])
+        with pytest.raises(SystemExit) as stop:
+            main()
+        assert stop.value.code == 2
+        error = capsys.readouterr().err
+        assert expected in error and error.count("\n") == 1
+    assert not (tmp_path / "out").exists()  # nothing was written
