@@ -277,7 +277,8 @@ def _train_drafter(
         # A shard this run distilled itself is not replayed twice.
         own = {s.name for s in shards}
         replayed = load_shards([s for name, s in replay_shards.items() if name not in own])
-        base = load_language_model(model, training_dtype(), pack=False).model  # packed: no backward
+        # Unpacked: packed weights have no backward.
+        base = load_language_model(model, training_dtype(), pack=False).model
         trained = train(base, records, replayed, captured_at, report)
     if rank != 0:
         return None
