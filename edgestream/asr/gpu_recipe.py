@@ -53,6 +53,7 @@ from edgestream.asr.train import (
     FeatureStore,
     TrainConfig,
     ctc_loss,
+    deepened,
     draw_chunking,
     evaluate,
     length_batches,
@@ -94,7 +95,16 @@ def starting_point(
     training store."""
     if init is not None:
         start = load_model(init)
+        kind = start.vocabulary.to_metadata()["vocabulary"]
+        own = "char" if kind == "char" else f"bpe-{len(start.vocabulary) - 1}"
+        if config.vocabulary not in (None, own):
+            raise ValueError(
+                f"--init has a {own} vocabulary, not {config.vocabulary} "
+                "(a new vocabulary needs a new CTC head: train asr --init does that)"
+            )
         model = start.model.requires_grad_(True)
+        if config.grow_layers:
+            model = deepened(model, config.grow_layers)
         if config.dropout is not None:
             model = _with_dropout(model, config.dropout)
         return model, start.cmvn, start.vocabulary, list(start.info.get("runs", []))

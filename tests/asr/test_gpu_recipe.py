@@ -6,15 +6,17 @@ from __future__ import annotations
 import gzip
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import torch
 from safetensors import safe_open
 
+from edgestream.asr.conformer import ConformerConfig
 from edgestream.asr.decode import CharVocabulary
 from edgestream.asr.features import GlobalCmvn
-from edgestream.asr.gpu_recipe import Batches, _parser, main
+from edgestream.asr.gpu_recipe import Batches, _parser, main, starting_point
 from edgestream.asr.model_io import load_model
 from edgestream.asr.text import read_splits, write_splits
 from edgestream.asr.train import FeatureStore, TrainConfig, _lr_at, evaluate, scheduled_lr
@@ -158,3 +160,12 @@ def test_bad_settings_are_refused_with_one_line_and_exit_code_2(
         error = capsys.readouterr().err
         assert expected in error and error.count("\n") == 1
     assert not (tmp_path / "out").exists()  # nothing was written
+
+
+def test_an_init_model_can_grow_but_not_change_its_vocabulary(tmp_path: Path) -> None:
+    init = random_model_file(tmp_path / "init.safetensors")
+    store = SimpleNamespace(texts=["unused"])
+    grown = starting_point(init, ConformerConfig(), TrainConfig(grow_layers=2), store)[0]
+    assert grown.config.num_layers == load_model(init).model.config.num_layers + 2
+    with pytest.raises(ValueError, match="char vocabulary, not bpe-64"):
+        starting_point(init, ConformerConfig(), TrainConfig(vocabulary="bpe-64"), store)
