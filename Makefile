@@ -6,7 +6,7 @@ PIP := $(BIN)/python -m pip --disable-pip-version-check --quiet
 # The stamp is keyed on the dependency files: change either and `make install` runs again.
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml requirements.lock | sha256sum | cut -c1-16)
 
-.PHONY: install demo test bench browser llamacpp results
+.PHONY: install demo test bench browser llamacpp results asr-gpu-kit
 
 install: $(STAMP)
 
@@ -42,6 +42,21 @@ results: install
 # is skipped with a note.
 llamacpp: install
 	$(PIP) install llama-cpp-python==0.3.36
+
+# What a GPU machine without network needs to run `python -m edgestream.asr.gpu_recipe train`
+# (docs/asr.md, "Training on a GPU machine without network"), gathered into build/asr-gpu/:
+# Python 3.12 wheels of the audio packages at this lock's versions, Debian's Flite packages
+# and the speakable sentences (needs the shared data here).
+ASR_GPU_WHEELS := soundfile soxr jiwer rapidfuzz espeakng-loader cffi pycparser kaldi_native_fbank
+asr-gpu-kit: install
+	@mkdir -p build/asr-gpu/whl build/asr-gpu/deb
+	$(PIP) download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+		--platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 \
+		--platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d build/asr-gpu/whl \
+		$$(for p in $(ASR_GPU_WHEELS); do grep -i "^$$p==" requirements.lock; done)
+	cd build/asr-gpu/deb && apt-get download flite libflite1 libasound2
+	$(BIN)/python -m edgestream.asr.gpu_recipe sentences build/asr-gpu/sentences.json.gz
+	@du -sh build/asr-gpu
 
 # Debian's Chromium and ChromeDriver for the browser test, where this machine lets us install
 # them (root and a reachable Debian mirror); otherwise that one test is skipped and says why.
