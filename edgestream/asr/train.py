@@ -439,8 +439,8 @@ def draw_chunking(config: TrainConfig, rng: random.Random) -> tuple[int, int]:
 
 def scheduled_lr(step: int, progress: float, config: TrainConfig) -> float:
     """Linear warm-up over the first steps, then cosine decay to 2% of the peak as `progress`
-    (the share of the schedule done after warm-up: of its steps, or of a time budget) goes
-    from 0 to 1."""
+    goes from 0 to 1: the share of the steps after warm-up done (`train asr`), or of the time
+    budget spent (`gpu_recipe`)."""
     if step < config.warmup_steps:
         return config.lr * (step + 1) / config.warmup_steps
     return config.lr * (0.02 + 0.98 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress))))
