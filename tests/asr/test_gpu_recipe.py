@@ -137,6 +137,7 @@ def test_train_from_scratch_writes_a_float16_file_that_loads_as_float32(tmp_path
     [
         (["--hours", "0"], "--hours > 0"),
         (["--deadline", "10", "--reserve", "20"], "--deadline > --reserve"),
+        (["--piper-fraction", "1.5"], "piper_fraction in [0, 1]"),
     ],
 )
 def test_bad_settings_are_refused_with_one_line_and_exit_code_2(
