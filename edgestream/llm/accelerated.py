@@ -277,11 +277,13 @@ def fit_until(
     trained.requires_grad_(True).train()
     arm: dict = {"budget_seconds": round(seconds, 1)}
 
-    # Every answer position of the held-out answers, as `edgestream train streams` measures.
+    # Every answer position of the held-out answers, as `edgestream train streams` measures;
+    # rounded here, once, so the report's before, checks and after are the same numbers.
     @torch.no_grad()
     def measure() -> list[float]:
         config = TrainConfig(batch_sequences=8)
-        return held_out_top1(objective, lambda call, batch: call(batch), held, depth, config)
+        top1 = held_out_top1(objective, lambda call, batch: call(batch), held, depth, config)
+        return [round(a, 4) for a in top1]
 
     best = arm["held_out_top1_before"] = measure()
     best_state = {k: v.clone() for k, v in trained.state_dict().items()}
@@ -327,7 +329,7 @@ def _keep_best(
     accepted length of a chain draft grows with each depth's accuracy) are kept."""
     trained.eval()
     top1 = measure()
-    checks.append([step, [round(a, 4) for a in top1]])
+    checks.append([step, top1])
     print(f"step {step}: held-out top-1 {checks[-1][1]}")
     if sum(top1) > sum(best):
         return top1, {k: v.clone() for k, v in trained.state_dict().items()}
@@ -366,7 +368,7 @@ def _run_facts(command: str, args: argparse.Namespace, arm: dict, training: list
         "batch": args.batch,
         "positions": args.positions,
         "sequences": len(training),
-        "held_out_top1": [round(a, 4) for a in arm["held_out_top1_after"]],
+        "held_out_top1": arm["held_out_top1_after"],
     }
 
 
