@@ -587,6 +587,35 @@ def bench_asr_command(
     show_report(table, report, json_path)
 
 
+@bench_app.command("asr-compare")
+@user_errors
+def bench_asr_compare_command(
+    before: Annotated[Path, typer.Argument(help="`bench asr --hypotheses` of the old model.")],
+    after: Annotated[Path, typer.Argument(help="The same, of the new model, same manifest.")],
+    rounds: Annotated[int, typer.Option(min=100, help="Bootstrap resamples.")] = 10_000,
+    json_path: JsonReport = None,
+) -> None:
+    """WER after - before with a 95% paired bootstrap interval over utterances, per group."""
+    from rich.table import Table
+
+    from edgestream.bench.asr_compare import compare_runs, read_hypotheses
+
+    report = compare_runs(read_hypotheses(before), read_hypotheses(after), rounds)
+    table = Table(title=f"WER, {after} against {before} (paired bootstrap, 95%)")
+    for column in ("group", "utterances", "before", "after", "after - before", "better / worse"):
+        table.add_column(column)
+    for group, row in [("overall", report["overall"]), *report["groups"].items()]:
+        table.add_row(
+            group,
+            str(row["utterances"]),
+            f"{row['wer_before']:.2f}%",
+            f"{row['wer_after']:.2f}%",
+            f"{row['difference']:+.2f} [{row['low']:+.2f}, {row['high']:+.2f}]",
+            f"{row['better']} / {row['worse']}",
+        )
+    show_report(table, report, json_path)
+
+
 @bench_app.command("backends")
 @user_errors
 def bench_backends_command(
