@@ -290,7 +290,7 @@ def train_command(args: argparse.Namespace) -> None:
         "piper_fraction": args.piper_fraction,
         "init": str(args.init) if args.init else None,
         "history": [{"step": step, "dev_wer": wer} for step, wer in report["checks"]],
-        "runs": runs,
+        "runs": [*runs, _run_line(args, config, report, summary.seconds["train"])],
     }
     if args.save_dtype == "float16":
         model = model.half()
@@ -309,6 +309,22 @@ def train_command(args: argparse.Namespace) -> None:
     (out / "report.json").write_text(json.dumps(report, indent=1) + "\n")
     before, after = report["dev_wer_before"], report["dev_wer_after"]
     print(f"dev WER {before} -> {after}; {out / 'model.safetensors'}")
+
+
+def _run_line(
+    args: argparse.Namespace, config: TrainConfig, report: dict, train_seconds: dict[str, float]
+) -> str:
+    """This run in the words of the model file's run history, which `--init` carries on, so a
+    chain of runs stays readable from its last model alone."""
+    voices = ", ".join(f"{group} {s / 3600:.2f} h" for group, s in sorted(train_seconds.items()))
+    start = f"--init {args.init}" if args.init else "from scratch"
+    return (
+        f"gpu_recipe on {args.device}: {start}, {sum(train_seconds.values()) / 3600:.2f} h "
+        f"synthesised with seed {args.seed} ({voices}), {report['steps']} steps in "
+        f"{report['train_seconds'] / 60:.0f} min, peak lr {config.lr:g}, seed {config.seed} "
+        f"(dev WER on its own dev set {100 * report['dev_wer_before']:.2f} -> "
+        f"{100 * report['dev_wer_after']:.2f}%)"
+    )
 
 
 def sentences_command(args: argparse.Namespace) -> None:

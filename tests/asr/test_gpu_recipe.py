@@ -109,6 +109,11 @@ def test_train_continues_a_model_and_keeps_the_weights_with_the_best_dev_wer(
     before, after = start.model.state_dict(), trained.model.state_dict()
     moved = any(not torch.equal(before[name], after[name]) for name in before)
     assert moved == (report["dev_wer_after"] < report["dev_wer_before"])
+    # The run history carries the init's runs on and describes this one
+    *earlier, this_run = trained.info["runs"]
+    assert earlier == start.info.get("runs", [])
+    assert this_run.startswith(f"gpu_recipe on cpu: --init {init}")
+    assert f"-> {100 * report['dev_wer_after']:.2f}%" in this_run
     # The file holds the weights whose dev WER the report gives.
     dev = FeatureStore(tmp_path / "run" / "corpus" / "dev.jsonl", tmp_path / "dev-cache")
     wer = evaluate(trained.model, dev, trained.cmvn, trained.vocabulary, 16, 4)
@@ -130,6 +135,7 @@ def test_train_from_scratch_writes_a_float16_file_that_loads_as_float32(tmp_path
     model = load_model(path)
     assert {p.dtype for p in model.model.parameters()} == {torch.float32}
     assert model.vocabulary.to_metadata()["vocabulary"] == "char"
+    assert model.info["runs"][0].startswith("gpu_recipe on cpu: from scratch")
 
 
 @pytest.mark.parametrize(
