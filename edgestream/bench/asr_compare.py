@@ -88,8 +88,7 @@ def _compare(
     if words.sum() == 0:
         raise ValueError("the references hold no words to score")
     draws = rng.integers(0, len(words), size=(rounds, len(words)))
-    # Each draw's pooled WER difference; a draw of only empty references cannot happen in
-    # practice, and the clip keeps it from dividing by zero if it does.
+    # Each draw's pooled WER difference (the clip guards a draw of empty references alone)
     drawn_words = np.maximum(words[draws].sum(axis=1), 1)
     differences = (errors_after[draws].sum(axis=1) - errors_before[draws].sum(axis=1)) / drawn_words
     low, high = np.percentile(100 * differences, [2.5, 97.5])

@@ -16,11 +16,11 @@ from edgestream.cli import app
 REFERENCES = [f"the cat number {i} sat on the mat" for i in range(60)]
 
 
-def _write(path: Path, hypotheses: list[str], groups: list[str] | None = None) -> Path:
-    groups = groups or ["a" if i % 2 else "b" for i in range(len(hypotheses))]
+def _write(path: Path, hypotheses: list[str]) -> Path:
+    """The first len(hypotheses) references, odd ones in group a, even ones in b."""
     utterances = [
-        Utterance(Path(f"{i}.wav"), text, group)
-        for i, (text, group) in enumerate(zip(REFERENCES, groups, strict=False))
+        Utterance(Path(f"{i}.wav"), REFERENCES[i], "a" if i % 2 else "b")
+        for i in range(len(hypotheses))
     ]
     write_hypotheses(path, utterances, hypotheses)
     return path
