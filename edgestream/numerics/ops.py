@@ -69,7 +69,8 @@ def _normalised(
     whose 1/d factor would underflow where the sum does not (Remark 4.1 of the doc). ||c||_p,
     N and d^(1/p) c are computed and kept in A (|d^(1/p) c_i| <= d^(1/p) B cannot overflow);
     only the quotient rounds into F, so y underflows or overflows only where the exact output
-    does (|y_i| <= d^(1/p), Lemma 5).
+    is within rounding error (Theorem 3) of doing so (|y_i| <= d^(1/p), Lemma 5; in practice
+    e4m3 with p = 1 and d near 448 or above).
 
     Args:
         c: (..., d) centred, scaled values of F. log2_scale: (..., 1), s = 2^log2_scale.
