@@ -62,7 +62,7 @@ from edgestream.asr.features import (
     load_audio,
 )
 from edgestream.asr.manifest import read_manifest
-from edgestream.asr.model_io import load_model, save_model
+from edgestream.asr.model_io import AsrModel, load_model, save_model
 from edgestream.training import distributed_context, save_atomic
 
 
@@ -604,30 +604,10 @@ def train_asr(
     config = replace(config, vocabulary=vocabulary_kind)
     rank, world = distributed_context()
     out_dir.mkdir(parents=True, exist_ok=True)
-    cache = out_dir / "features"
-    if rank == 0:  # one rank computes the features; the others wait for them
-        train_store, dev_store = (
-            FeatureStore(train_manifest, cache),
-            FeatureStore(dev_manifest, cache),
-        )
-    if world > 1:
-        dist.barrier()
-    if rank != 0:
-        train_store, dev_store = (
-            FeatureStore(train_manifest, cache),
-            FeatureStore(dev_manifest, cache),
-        )
-    cmvn_path = out_dir / "cmvn.json"
-    if rank == 0 and not cmvn_path.exists() and start is not None:
-        start.cmvn.save(cmvn_path)
-    if rank == 0 and not cmvn_path.exists():
-        sample = range(0, len(train_store), max(1, len(train_store) // 2000))
-        GlobalCmvn.from_features(train_store.features(i).astype(np.float32) for i in sample).save(
-            cmvn_path
-        )
-    if world > 1:
-        dist.barrier()
-    cmvn = GlobalCmvn.load(cmvn_path)
+    train_store, dev_store = _feature_stores(
+        train_manifest, dev_manifest, out_dir / "features", rank, world
+    )
+    cmvn = _shared_cmvn(out_dir / "cmvn.json", start, train_store, rank, world)
     keep_vocabulary = start is not None and not new_head
     if rank == 0 and keep_vocabulary and not (out_dir / "vocabulary.json").exists():
         (out_dir / "vocabulary.json").write_text(json.dumps(start.vocabulary.to_metadata()))
@@ -642,22 +622,7 @@ def train_asr(
         model.parameters(), lr=config.lr, weight_decay=config.weight_decay
     )
     checkpoint = out_dir / "checkpoint.pt"
-    epoch, step, history = 0, 0, []
-    if checkpoint.exists():
-        state = torch.load(checkpoint, weights_only=True)
-        if state["model_config"] != model_config.to_dict():
-            raise ValueError(
-                f"{checkpoint} was trained with {state['model_config']}, not these settings"
-            )
-        model.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
-        epoch, step, history = state["epoch"], state["step"], state["history"]
-    elif start is not None:
-        weights = start.model.state_dict()
-        if new_head:  # the encoder carries over; the head is the fresh one built above
-            weights = {k: v for k, v in weights.items() if not k.startswith("head.")}
-        missing, unexpected = model.load_state_dict(weights, strict=not new_head)
-        assert not unexpected and all(name.startswith("head.") for name in missing)
+    epoch, step, history = _restore(checkpoint, model, optimizer, start, new_head)
     trainer: nn.Module = nn.parallel.DistributedDataParallel(model) if world > 1 else model
     dev_wer = functools.partial(
         evaluate,
@@ -727,14 +692,9 @@ def train_asr(
             dist.barrier()
     final = out_dir / "model.safetensors"
     if rank == 0:
-        averaged = [e for e in range(epoch - config.average_epochs + 1, epoch + 1) if e >= 1]
-        averaged = [e for e in averaged if _epoch_weights(out_dir, e).exists()]
-        if len(averaged) > 1:
-            model.load_state_dict(average_epoch_weights(out_dir, averaged))
-            wer = dev_wer()
-            history.append({"averaged_epochs": averaged, "dev_wer": wer})
-            if progress is not None:
-                progress({"epoch": epoch, "averaged_dev_wer": wer})
+        _average_last_epochs(
+            model, out_dir, epoch, config.average_epochs, dev_wer, history, progress
+        )
         model.eval()
         save_model(
             final, model, cmvn, vocabulary, {"train_config": asdict(config), "history": history}
@@ -742,3 +702,81 @@ def train_asr(
     if world > 1:
         dist.barrier()
     return final
+
+
+def _feature_stores(
+    train_manifest: Path | Sequence[Path], dev_manifest: Path, cache: Path, rank: int, world: int
+) -> tuple[FeatureStore, FeatureStore]:
+    """The train and dev features, computed by rank 0 while the other ranks wait, then read."""
+    if rank == 0:
+        stores = FeatureStore(train_manifest, cache), FeatureStore(dev_manifest, cache)
+    if world > 1:
+        dist.barrier()
+    if rank != 0:
+        stores = FeatureStore(train_manifest, cache), FeatureStore(dev_manifest, cache)
+    return stores
+
+
+def _shared_cmvn(
+    path: Path, start: AsrModel | None, train_store: FeatureStore, rank: int, world: int
+) -> GlobalCmvn:
+    """The run's CMVN, written once by rank 0: the init model's (its inputs must not move), or
+    estimated from up to ~2,000 evenly spaced training utterances."""
+    if rank == 0 and not path.exists() and start is not None:
+        start.cmvn.save(path)
+    if rank == 0 and not path.exists():
+        sample = range(0, len(train_store), max(1, len(train_store) // 2000))
+        GlobalCmvn.from_features(train_store.features(i).astype(np.float32) for i in sample).save(
+            path
+        )
+    if world > 1:
+        dist.barrier()
+    return GlobalCmvn.load(path)
+
+
+def _restore(
+    checkpoint: Path,
+    model: ConformerCTC,
+    optimizer: torch.optim.Optimizer,
+    start: AsrModel | None,
+    new_head: bool,
+) -> tuple[int, int, list[dict]]:
+    """Resume from the run's checkpoint, else start from the init model's weights (all but the
+    CTC head when the vocabulary changes). Returns (epoch, step, history)."""
+    if checkpoint.exists():
+        state = torch.load(checkpoint, weights_only=True)
+        if state["model_config"] != model.config.to_dict():
+            raise ValueError(
+                f"{checkpoint} was trained with {state['model_config']}, not these settings"
+            )
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        return state["epoch"], state["step"], state["history"]
+    if start is not None:
+        weights = start.model.state_dict()
+        if new_head:  # the encoder carries over; the head is the fresh one built above
+            weights = {k: v for k, v in weights.items() if not k.startswith("head.")}
+        missing, unexpected = model.load_state_dict(weights, strict=not new_head)
+        assert not unexpected and all(name.startswith("head.") for name in missing)
+    return 0, 0, []
+
+
+def _average_last_epochs(
+    model: ConformerCTC,
+    out_dir: Path,
+    epoch: int,
+    window: int,
+    dev_wer: Callable[[], float],
+    history: list[dict],
+    progress: ProgressFn | None,
+) -> None:
+    """Load the mean of the last `window` epochs' kept weights into `model` (when there are
+    two or more) and log its dev WER."""
+    averaged = [e for e in range(epoch - window + 1, epoch + 1) if e >= 1]
+    averaged = [e for e in averaged if _epoch_weights(out_dir, e).exists()]
+    if len(averaged) > 1:
+        model.load_state_dict(average_epoch_weights(out_dir, averaged))
+        wer = dev_wer()
+        history.append({"averaged_epochs": averaged, "dev_wer": wer})
+        if progress is not None:
+            progress({"epoch": epoch, "averaged_dev_wer": wer})
