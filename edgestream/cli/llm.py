@@ -347,6 +347,13 @@ def train_streams_command(
     prompt_positions: PromptPositions = 0,
     lr: Annotated[float, typer.Option(help="Peak learning rate.")] = 2e-3,
     warmup: Annotated[int, typer.Option(help="Linear warm-up steps.")] = 100,
+    seed: Annotated[
+        int,
+        typer.Option(
+            help="Seed of the new weights (LoRA, fresh streams) and of the batch draws: rerun "
+            "with others to see how much of a difference is the run's luck."
+        ),
+    ] = 0,
     dev_sequences: Annotated[
         int,
         typer.Option(
@@ -375,6 +382,7 @@ def train_streams_command(
         prompt_positions_per_sequence=prompt_positions,
         lr=lr,
         warmup_steps=warmup,
+        seed=seed,
     )
     if init_streams is not None and mode == "lora":
         raise ValueError("--init-streams is for --mode lossless or shared (lora has no streams)")

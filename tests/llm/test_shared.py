@@ -10,7 +10,7 @@ import torch
 
 from edgestream.llm.engine import generate_ar, generate_ss
 from edgestream.llm.loading import load_language_model
-from edgestream.llm.lora import LoRAConfig, LoRALinear, add_lora, merge_lora
+from edgestream.llm.lora import LoRAConfig, LoRALinear, adapter_weights, add_lora, merge_lora
 from edgestream.llm.model import Transformer
 from edgestream.llm.msa import StreamConfig
 from edgestream.llm.shared import load_adapter, save_adapter, task_records, train_shared
@@ -145,3 +145,22 @@ def test_shared_streams_can_start_from_trained_ones(tiny_model_dir: Path, tmp_pa
     assert torch.equal(start.draft_vocab, torch.arange(64).flip(0))  # kept, not recounted
     assert not torch.equal(start.embeddings, before)  # and trained further
     torch.testing.assert_close(start.embeddings, before, atol=0.1, rtol=0)  # from where it was
+
+
+def test_the_seed_alone_decides_a_fine_tune(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """`train streams --seed` (TrainConfig.seed): the same seed repeats a run bit for bit, so
+    a rerun with another seed measures the run's luck and nothing else."""
+    records = task_records(load_language_model(str(tiny_model_dir), pack=False), _prompts(), 8)
+
+    def adapters(seed: int) -> dict[str, torch.Tensor]:
+        config = TrainConfig(
+            steps=2, batch_sequences=2, positions_per_sequence=4, warmup_steps=1, seed=seed
+        )
+        model = load_language_model(str(tiny_model_dir), pack=False).model
+        run = tmp_path / f"seed{seed}-{len(list(tmp_path.iterdir()))}"
+        weights = train_shared(model, records, LoRAConfig(rank=2, alpha=4), None, config, run, "t")
+        return {k: v.detach().clone() for k, v in adapter_weights(weights.lora).items()}
+
+    first, again, other = adapters(0), adapters(0), adapters(1)
+    assert all(torch.equal(first[k], again[k]) for k in first)
+    assert any(not torch.equal(first[k], other[k]) for k in first)
