@@ -754,7 +754,7 @@ def _restore(
         return state["epoch"], state["step"], state["history"]
     if start is not None:
         weights = start.model.state_dict()
-        if new_head:  # the encoder carries over; the head is the fresh one built above
+        if new_head:  # the encoder carries over; the head keeps its fresh initialisation
             weights = {k: v for k, v in weights.items() if not k.startswith("head.")}
         missing, unexpected = model.load_state_dict(weights, strict=not new_head)
         assert not unexpected and all(name.startswith("head.") for name in missing)
