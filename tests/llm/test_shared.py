@@ -152,15 +152,15 @@ def test_the_seed_alone_decides_a_fine_tune(tiny_model_dir: Path, tmp_path: Path
     a rerun with another seed measures the run's luck and nothing else."""
     records = task_records(load_language_model(str(tiny_model_dir), pack=False), _prompts(), 8)
 
-    def adapters(seed: int) -> dict[str, torch.Tensor]:
+    def adapters(seed: int, run: str) -> dict[str, torch.Tensor]:  # a run folder each: no resume
         config = TrainConfig(
             steps=2, batch_sequences=2, positions_per_sequence=4, warmup_steps=1, seed=seed
         )
         model = load_language_model(str(tiny_model_dir), pack=False).model
-        run = tmp_path / f"seed{seed}-{len(list(tmp_path.iterdir()))}"
-        weights = train_shared(model, records, LoRAConfig(rank=2, alpha=4), None, config, run, "t")
+        lora = LoRAConfig(rank=2, alpha=4)
+        weights = train_shared(model, records, lora, None, config, tmp_path / run, "t")
         return {k: v.detach().clone() for k, v in adapter_weights(weights.lora).items()}
 
-    first, again, other = adapters(0), adapters(0), adapters(1)
+    first, again, other = adapters(0, "first"), adapters(0, "again"), adapters(1, "other")
     assert all(torch.equal(first[k], again[k]) for k in first)
     assert any(not torch.equal(first[k], other[k]) for k in first)
