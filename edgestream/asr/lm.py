@@ -25,6 +25,8 @@ from pathlib import Path
 BOS, EOS, UNK = "<s>", "</s>", "<unk>"
 LN10 = math.log(10.0)
 BUNDLED_LM = Path(__file__).parent / "weights" / "words-3gram.arpa.gz"
+# The prefix beam width decoding uses with an LM: dev WER 9.2% at 16, 8.9% at 32 (docs/asr.md)
+LM_BEAM = 32
 CACHE_LIMIT = 200_000  # scored n-grams kept for reuse (~40 MB at most)
 
 

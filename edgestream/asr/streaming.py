@@ -27,8 +27,9 @@ model's score (`edgestream.assist.rescore`). Partial results stay the first pass
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass
-from typing import Protocol
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -46,7 +47,7 @@ from edgestream.asr.frames import (
     SUBSAMPLING_FACTOR,
     encoder_frames,
 )
-from edgestream.asr.lm import NgramLm
+from edgestream.asr.lm import LM_BEAM, NgramLm, load_lm
 from edgestream.asr.vad import WINDOW, SileroVad
 
 
@@ -58,6 +59,9 @@ class SegmentRescorer(Protocol):
 
 @dataclass(frozen=True)
 class StreamingOptions:
+    """How a `Recognizer` chunks, decodes and ends segments. The defaults decode greedily,
+    without a language model; `recommended_options()` gives what `transcribe` uses."""
+
     chunk_ms: int = 640
     left_chunks: int = 4  # attention context before the current chunk, in chunks
     beam: int = 0  # 0: greedy; otherwise the prefix beam search width
@@ -92,6 +96,45 @@ class StreamingOptions:
     @property
     def chunk_frames(self) -> int:
         return self.chunk_ms // ENCODER_FRAME_MS
+
+
+# Float audio may overshoot full scale a little (float WAV files do); a peak past this is
+# integer PCM passed as floats, which would be heard as noise 90 dB too loud.
+MAX_PEAK = 2.0
+
+
+def _checked_samples(samples: np.ndarray) -> np.ndarray:
+    """`accept_waveform`'s input as float32, or a ValueError that says what is wrong with it."""
+    samples = np.asarray(samples)
+    if samples.size and not np.issubdtype(samples.dtype, np.floating):
+        raise ValueError(
+            f"expected float samples in [-1, 1], got {samples.dtype} (16-bit PCM: divide by 32768)"
+        )
+    samples = samples.astype(np.float32, copy=False)
+    if samples.ndim != 1:
+        raise ValueError(f"expected mono samples of shape (n,), got {samples.shape}")
+    if not np.all(np.isfinite(samples)):
+        raise ValueError("expected finite samples, got NaN or infinity")
+    peak = float(np.abs(samples).max()) if samples.size else 0.0
+    if peak > MAX_PEAK:
+        raise ValueError(
+            f"expected samples in [-1, 1], got a peak of {peak:g}: integer PCM passed as "
+            "floats? (16-bit PCM: divide by 32768)"
+        )
+    return samples
+
+
+def recommended_options(lm: str | Path = "default", **changes: Any) -> StreamingOptions:
+    """The decoding `transcribe` uses: a prefix beam of `LM_BEAM` with a word LM fused in
+    ('default': the bundled one; a file: an ARPA LM; 'none': greedy decoding, no beam).
+
+    `StreamingOptions()` alone decodes greedily, which with the bundled model makes about twice
+    the word errors (docs/asr.md); library callers start here. `changes` sets any other field,
+    e.g. `recommended_options(chunk_ms=320)`.
+    """
+    language_model = load_lm(lm)
+    beam = LM_BEAM if language_model is not None else 0
+    return replace(StreamingOptions(beam=beam, lm=language_model), **changes)
 
 
 class ChunkEncoder(Protocol):
@@ -173,11 +216,7 @@ class Recognizer:
         """samples: float (n,) mono at 16 kHz in [-1, 1]; any n, including 0."""
         if self.finished:
             raise RuntimeError("this stream was finalized: start a new Recognizer")
-        samples = np.asarray(samples, dtype=np.float32)
-        if samples.ndim != 1:
-            raise ValueError(f"expected mono samples of shape (n,), got {samples.shape}")
-        if not np.all(np.isfinite(samples)):
-            raise ValueError("expected finite samples, got NaN or infinity")
+        samples = _checked_samples(samples)
         if self._vad is not None:
             first = self._vad.windows
             for k, probability in enumerate(self._vad.accept(samples)):

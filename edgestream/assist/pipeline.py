@@ -16,7 +16,7 @@ from pathlib import Path
 
 from edgestream.asr.audio import SAMPLE_RATE
 from edgestream.asr.model_io import AsrModel, load_model
-from edgestream.asr.streaming import Recognizer, StreamingOptions
+from edgestream.asr.streaming import Recognizer, StreamingOptions, recommended_options
 from edgestream.asr.transcribe import Transcript, transcribe_file
 from edgestream.assist.rescore import LlmRescorer, load_rescorer
 from edgestream.llm.engine import GenerationResult, TokenCallback
@@ -34,7 +34,8 @@ class AssistantConfig:
     llm: str = "smollm2"  # a model name or a local directory / GGUF file
     dtype: str = "float32"
     streams_path: Path | None = None  # stream weights for ss (default: the bundled ones)
-    streaming: StreamingOptions = field(default_factory=StreamingOptions)
+    # What `transcribe` decodes with: beam search and the bundled word LM (greedy: 'none')
+    streaming: StreamingOptions = field(default_factory=recommended_options)
     max_new_tokens: int = 128
     # Rescore each transcript segment's candidates with the answering model (needs beam
     # search): the model is loaded anyway, and it lowers the word error (docs/asr.md).

@@ -12,11 +12,14 @@ import functools
 import json
 import sys
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, ParamSpec, TypeVar
 
 import typer
 from rich.console import Console
+
+from edgestream.asr.lm import LM_BEAM
 
 if TYPE_CHECKING:
     from edgestream.llm.tree import TreeShape
@@ -87,9 +90,6 @@ ChunkMs = Annotated[int, typer.Option(help="Streaming chunk (multiple of 40 ms).
 
 
 LeftChunks = Annotated[int, typer.Option(help="Attention context, in chunks.")]
-
-
-LM_BEAM = 32  # beam width with a language model: dev WER 9.2% at 16, 8.9% at 32 (docs/asr.md)
 
 
 JsonReport = Annotated[Path | None, typer.Option("--json", help="Also write JSON here.")]
@@ -316,28 +316,24 @@ def streaming_options(
     rescore: str = "none",
     rescore_adapter: str = "default",
 ) -> object:
-    from edgestream.asr.lm import load_lm
-    from edgestream.asr.streaming import StreamingOptions
+    """The recognizer's options from the command line: `recommended_options` with the user's
+    changes (`beam` None: the recommended width, or LM_BEAM for rescoring without an LM)."""
+    from edgestream.asr.streaming import recommended_options
     from edgestream.asr.vad import SileroVad
 
     if beam == 0:
         lm = "none"
         if rescore != "none":
             raise ValueError("--rescore needs beam search's candidates: drop --beam 0")
-    language_model = load_lm(lm)
-    if beam is None:
-        beam = LM_BEAM if language_model is not None or rescore != "none" else 0
-    options = StreamingOptions(
-        chunk_ms=chunk_ms,
-        left_chunks=left_chunks,
-        beam=beam,
-        lm=language_model,
-        vad=SileroVad() if vad else None,
+    options = recommended_options(
+        lm, chunk_ms=chunk_ms, left_chunks=left_chunks, vad=SileroVad() if vad else None
     )
+    if beam is not None:
+        options = replace(options, beam=beam)
+    elif rescore != "none":
+        options = replace(options, beam=LM_BEAM)
     if rescore == "none":
         return options
-    from dataclasses import replace
-
     from edgestream.assist.rescore import load_rescorer
 
     return replace(options, rescorer=load_rescorer(rescore, adapter=rescore_adapter))

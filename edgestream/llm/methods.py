@@ -8,9 +8,9 @@ lookup: a lookup draft from a match of `lookup_alone_ngram` tokens or more is ve
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 import torch
 
@@ -35,7 +35,14 @@ DRAFT_DTYPES = ("auto", "float32", "bfloat16")
 WEIGHTS_DIR = Path(__file__).parent / "weights"
 BUNDLED_STREAMS = {"smollm2": WEIGHTS_DIR / "smollm2-ss-lossless.safetensors"}
 
-Decoder = Callable[[list[int], int, TokenCallback | None], GenerationResult]
+
+class Decoder(Protocol):
+    """Prompt token ids and a budget of new tokens -> the result; `on_token` sees each new
+    token as it is accepted (for streaming the text out)."""
+
+    def __call__(
+        self, prompt_ids: list[int], max_new_tokens: int, on_token: TokenCallback | None = None
+    ) -> GenerationResult: ...
 
 
 @dataclass(frozen=True)
@@ -97,9 +104,9 @@ def make_decoder(
     stop, sampling, tree = lm.stop_ids, options.sampling, options.tree
     draft_dtype = drafting_dtype(options.draft_dtype, lm.model.dtype)
     if method == "ar":
-        return lambda ids, n, cb: generate_ar(lm.model, ids, n, stop, sampling, cb)
+        return lambda ids, n, cb=None: generate_ar(lm.model, ids, n, stop, sampling, cb)
     if method == "pld":
-        return lambda ids, n, cb: generate_pld(
+        return lambda ids, n, cb=None: generate_pld(
             lm.model, ids, n, stop, options.pld_tokens, options.pld_ngram, cb, sampling
         )
     if method == "medusa":
@@ -109,7 +116,9 @@ def make_decoder(
                 "and pass --medusa PATH"
             )
         heads, _ = load_medusa(options.medusa_path, lm.model, draft_dtype)
-        return lambda ids, n, cb: generate_medusa(lm.model, heads, ids, n, stop, tree, cb, sampling)
+        return lambda ids, n, cb=None: generate_medusa(
+            lm.model, heads, ids, n, stop, tree, cb, sampling
+        )
     if method == "draft":
         if options.draft_path is None:
             raise ValueError(
@@ -117,14 +126,14 @@ def make_decoder(
                 "and pass --draft PATH"
             )
         draft, _ = load_draft(options.draft_path, lm.model)
-        return lambda ids, n, cb: generate_draft(
+        return lambda ids, n, cb=None: generate_draft(
             lm.model, draft, ids, n, stop, options.draft_tokens, cb, sampling
         )
     streams = options.streams or resolve_streams(lm, options.streams_path)[0]
     streams = streams.merged_for(lm.model, draft_dtype)  # adapters folded in, drafting dtype
     head = DraftHead(lm.model, streams)
     lookup = options.lookup_tokens if method == "ss-pld" else 0
-    return lambda ids, n, cb: generate_ss(
+    return lambda ids, n, cb=None: generate_ss(
         lm.model,
         streams,
         ids,

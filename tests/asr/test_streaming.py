@@ -161,6 +161,15 @@ def test_misuse_is_refused(random_model: Path) -> None:
         recognizer.accept_waveform(np.array([0.0, np.nan], np.float32))
     with pytest.raises(ValueError, match="mono"):
         recognizer.accept_waveform(np.zeros((10, 2), np.float32))
+    # Integer PCM, as a microphone buffer holds it, would be heard as noise 90 dB too loud.
+    pcm = (np.sin(np.arange(1600) / 5) * 20_000).astype(np.int16)
+    with pytest.raises(ValueError, match=r"got int16 \(16-bit PCM: divide by 32768\)"):
+        recognizer.accept_waveform(pcm)
+    with pytest.raises(ValueError, match=r"peak of \d+: integer PCM passed as floats"):
+        recognizer.accept_waveform(pcm.astype(np.float32))
+    recognizer.accept_waveform(pcm / 32768.0)  # scaled: accepted, as float64 too
+    recognizer.accept_waveform([])  # nothing, in any form
+    assert recognizer.seconds == 0.1
     assert recognizer.finalize() == recognizer.finalize()
     with pytest.raises(RuntimeError, match="finalized"):
         recognizer.accept_waveform(np.zeros(10, np.float32))
