@@ -16,6 +16,7 @@ from edgestream.cli.common import (
     ChunkMs,
     LeftChunks,
     LmName,
+    PartialLine,
     Rescore,
     RescoreAdapter,
     VadOption,
@@ -239,13 +240,13 @@ def transcribe(
         raise typer.Exit(2) from None
     failed = False
     for path in audio:  # a bad file is reported and skipped; the others are still transcribed
+        line = PartialLine()
 
-        def show(partial: str, path: Path = path) -> None:
+        def show(partial: str, path: Path = path, line: PartialLine = line) -> None:
             if json_output:
                 print(json.dumps({"audio": str(path), "partial": partial}), flush=True)
             else:
-                sys.stderr.write(f"\r\x1b[K{partial[-150:]}")
-                sys.stderr.flush()
+                line.show(partial)
 
         try:
             result = transcribe_file(asr, path, options, show if stream else None)
@@ -253,8 +254,7 @@ def transcribe(
             print(f"error: {str(err).splitlines()[0]}", file=sys.stderr)
             failed = True
             continue
-        if stream and not json_output:
-            sys.stderr.write("\r\x1b[K")
+        line.clear()
         for warning in result.warnings:
             print(f"warning: {path}: {warning}", file=sys.stderr)
         if json_output:

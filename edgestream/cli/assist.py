@@ -13,6 +13,7 @@ import typer
 from edgestream.cli.common import (
     ChunkMs,
     LmName,
+    PartialLine,
     TextStreamer,
     app,
     quiet_libraries,
@@ -80,16 +81,9 @@ def assist(
     )
     assistant = Assistant.load(config)
 
-    shown: list[str] = []
-
-    def show_partial(text: str) -> None:
-        sys.stderr.write(f"\r\x1b[K{text[-150:]}")
-        sys.stderr.flush()
-        shown.append(text)
-
-    transcript = assistant.transcribe(audio, None if json_output else show_partial)
-    if shown:  # clear the partial line before anything else is printed
-        sys.stderr.write("\r\x1b[K")
+    line = PartialLine(terminal_only=True)  # the transcript is printed in full below
+    transcript = assistant.transcribe(audio, None if json_output else line.show)
+    line.clear()
     if not transcript.text.strip():
         raise ValueError(f"no speech recognised in {audio}")
     streamer = None if json_output else TextStreamer(assistant.lm.decode)

@@ -148,6 +148,34 @@ class TextStreamer:
         self.printed = len(text)
 
 
+class PartialLine:
+    """The partial transcript on stderr. On a terminal one line is rewritten in place; in a
+    log or a pipe, where escape codes would be noise, each partial gets a line of its own, or
+    none at all with `terminal_only`."""
+
+    def __init__(self, terminal_only: bool = False) -> None:
+        self.terminal = sys.stderr.isatty()
+        self.enabled = self.terminal or not terminal_only
+        self.showing = False
+
+    def show(self, text: str) -> None:
+        if not self.enabled:
+            return
+        if self.terminal:
+            sys.stderr.write(f"\r\x1b[K{text[-150:]}")
+            self.showing = True
+        else:
+            sys.stderr.write(f"{text}\n")
+        sys.stderr.flush()
+
+    def clear(self) -> None:
+        """Erase the rewritten line before anything else is printed."""
+        if self.showing:
+            sys.stderr.write("\r\x1b[K")
+            sys.stderr.flush()
+            self.showing = False
+
+
 DraftModelPath = Annotated[
     Path | None,
     typer.Option(help="Draft model weights for --method draft (`edgestream train draft`)."),

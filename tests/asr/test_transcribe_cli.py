@@ -50,6 +50,19 @@ def test_cli_json_lines_and_streamed_partials(random_model: Path, tiny_corpus: P
     assert lines[-1]["text"] == final["text"] == lines[-2]["partial"]
 
 
+def test_streamed_partials_in_a_log_are_plain_lines(random_model: Path, tiny_corpus: Path) -> None:
+    # stderr here is not a terminal (as in a log file or a pipe): no escape codes, one
+    # partial per line, and the final text alone on stdout.
+    audio = _first_audio(tiny_corpus)
+    result = runner.invoke(
+        app, ["transcribe", str(audio), "--model", str(random_model), "--stream"]
+    )
+    assert result.exit_code == 0, result.output
+    assert "\x1b" not in result.stderr and "\r" not in result.stderr
+    partials = result.stderr.splitlines()
+    assert partials and partials[-1] == result.stdout.strip()
+
+
 def test_cli_reports_each_bad_file_and_still_transcribes_the_good_ones(
     random_model: Path, tiny_corpus: Path, tmp_path: Path
 ) -> None:
