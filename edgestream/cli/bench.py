@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
@@ -43,6 +43,9 @@ from edgestream.cli.common import (
     tree_shape,
     user_errors,
 )
+
+if TYPE_CHECKING:
+    from edgestream.llm.tree import TreeShape
 
 
 @bench_app.command("generate")
@@ -176,7 +179,6 @@ def bench_spec_command(
 ) -> None:
     """Speculative decoding methods vs AR: speedup, accepted tokens, exact match, per category."""
     from rich.progress import Progress
-    from rich.table import Table
 
     from edgestream.bench.environment import peak_rss_mib
     from edgestream.bench.spec import (
@@ -185,7 +187,6 @@ def bench_spec_command(
         SUITES,
         bench_spec,
         llamacpp_available,
-        method_peak_memory,
         read_spec_prompts,
     )
     from edgestream.llm.engine import Sampling
@@ -203,24 +204,13 @@ def bench_spec_command(
     if limit < 1 or max_new_tokens < 1:
         raise ValueError("--limit and --max-new-tokens must be at least 1")
     questions = read_spec_prompts(prompts)[:limit] if prompts else SUITES[suite](limit, data)
-    set_threads(threads)
-    quiet_libraries()
-    lm, adapter_streams = load_for_decoding(model, dtype, adapter)
-    if pld_tokens < 1 or lookup_tokens < 1:
-        raise ValueError(
-            "--pld-tokens and --lookup-tokens must be at least 1, "
-            f"got {pld_tokens}, {lookup_tokens}"
-        )
-    if draft_tokens < 1:
-        raise ValueError(f"--draft-tokens must be at least 1, got {draft_tokens}")
-    longest_ngram = MethodOptions.pld_ngram
-    if not 0 <= lookup_alone_ngram <= longest_ngram:
-        raise ValueError(
-            f"--lookup-alone-ngram must be between 0 and {longest_ngram}, got {lookup_alone_ngram}"
-        )
+    _check_draft_lengths(pld_tokens, lookup_tokens, draft_tokens, lookup_alone_ngram)
     sampling = Sampling(temperature=temperature, top_p=top_p, seed=seed)
     if not sampling.greedy and any(m in REFERENCE_METHODS for m in names):
         raise ValueError("the outside references (hf-pld, llamacpp) are measured greedy only")
+    set_threads(threads)
+    quiet_libraries()
+    lm, adapter_streams = load_for_decoding(model, dtype, adapter)
     options = MethodOptions(
         sampling=sampling,
         streams_path=streams,
@@ -275,23 +265,86 @@ def bench_spec_command(
         "context_drafts": context_drafts,
     }
     if memory:
-        generate_options = ["--model", model, "--dtype", dtype, "--threads", str(threads)]
-        generate_options += ["--draft-dtype", draft_dtype, "--tree-nodes", str(tree.max_nodes)]
-        generate_options += ["--tree-top-k", ",".join(map(str, tree.top_k))]
-        generate_options += ["--tree-min-prob", str(tree.min_path_prob)]
-        generate_options += ["--context-drafts" if context_drafts else "--no-context-drafts"]
         weights = {"--streams": streams, "--medusa": medusa, "--draft": draft, "--adapter": adapter}
-        for flag, path in weights.items():
-            if path is not None:
-                generate_options += [flag, str(path)]
-        first = questions[0].turns[0]
-        for name in names:
-            if name in METHODS:  # ours; the outside references have no `generate`
-                stderr.print(f"peak memory: {name} in its own process")
-                report["methods"][name]["peak_memory_mib"] = method_peak_memory(
-                    name, first, max_new_tokens, generate_options
-                )
-    table = Table(title=f"{model}, {dtype}, {threads} threads, <= {max_new_tokens} new tokens")
+        generate_options = _generate_options(
+            model, dtype, threads, draft_dtype, tree, context_drafts, weights
+        )
+        _measure_peak_memory(report, names, questions[0].turns[0], max_new_tokens, generate_options)
+    title = f"{model}, {dtype}, {threads} threads, <= {max_new_tokens} new tokens"
+    Console().print(_spec_table(report, title))
+    for name, where in report["divergence_summary"].items():
+        stderr.print(
+            f"{name}: {where['prompts']} of {len(questions)} prompts left ar's tokens; at the "
+            f"first differing token the base model's logit gap was at most "
+            f"{where['max_abs_logit_gap']} (median {where['median_abs_logit_gap']}; "
+            f"{where['stopped_differently']} stopped instead)"
+        )
+    if json_path is not None:
+        json_path.parent.mkdir(parents=True, exist_ok=True)
+        json_path.write_text(json.dumps(report, indent=2) + "\n")
+
+
+def _check_draft_lengths(
+    pld_tokens: int, lookup_tokens: int, draft_tokens: int, lookup_alone_ngram: int
+) -> None:
+    from edgestream.llm.methods import MethodOptions
+
+    if pld_tokens < 1 or lookup_tokens < 1:
+        raise ValueError(
+            "--pld-tokens and --lookup-tokens must be at least 1, "
+            f"got {pld_tokens}, {lookup_tokens}"
+        )
+    if draft_tokens < 1:
+        raise ValueError(f"--draft-tokens must be at least 1, got {draft_tokens}")
+    longest_ngram = MethodOptions.pld_ngram
+    if not 0 <= lookup_alone_ngram <= longest_ngram:
+        raise ValueError(
+            f"--lookup-alone-ngram must be between 0 and {longest_ngram}, got {lookup_alone_ngram}"
+        )
+
+
+def _generate_options(
+    model: str,
+    dtype: str,
+    threads: int,
+    draft_dtype: str,
+    tree: TreeShape,
+    context_drafts: bool,
+    weights: dict[str, Path | None],
+) -> list[str]:
+    """`edgestream generate` options that decode as this benchmark does."""
+    options = ["--model", model, "--dtype", dtype, "--threads", str(threads)]
+    options += ["--draft-dtype", draft_dtype, "--tree-nodes", str(tree.max_nodes)]
+    options += ["--tree-top-k", ",".join(map(str, tree.top_k))]
+    options += ["--tree-min-prob", str(tree.min_path_prob)]
+    options += ["--context-drafts" if context_drafts else "--no-context-drafts"]
+    for flag, path in weights.items():
+        if path is not None:
+            options += [flag, str(path)]
+    return options
+
+
+def _measure_peak_memory(
+    report: dict, names: list[str], prompt: str, max_new_tokens: int, generate_options: list[str]
+) -> None:
+    """Each of our methods' peak memory, in a process of its own (the outside references have
+    no `generate`)."""
+    from edgestream.bench.spec import method_peak_memory
+    from edgestream.llm.methods import METHODS
+
+    for name in names:
+        if name in METHODS:
+            stderr.print(f"peak memory: {name} in its own process")
+            report["methods"][name]["peak_memory_mib"] = method_peak_memory(
+                name, prompt, max_new_tokens, generate_options
+            )
+
+
+def _spec_table(report: dict, title: str) -> object:
+    """Every method's overall and per-category row of a `bench spec` report."""
+    from rich.table import Table
+
+    table = Table(title=title)
     for column in ("method", "category", "tok/s", "speedup", "accepted/pass", "calls", "exact"):
         table.add_column(column, justify="right")
     for name, result in report["methods"].items():
@@ -307,17 +360,7 @@ def bench_spec_command(
                 f"{st['exact_match_vs_ar']:.2f}",
             )
         table.add_section()
-    Console().print(table)
-    for name, where in report["divergence_summary"].items():
-        stderr.print(
-            f"{name}: {where['prompts']} of {len(questions)} prompts left ar's tokens; at the "
-            f"first differing token the base model's logit gap was at most "
-            f"{where['max_abs_logit_gap']} (median {where['median_abs_logit_gap']}; "
-            f"{where['stopped_differently']} stopped instead)"
-        )
-    if json_path is not None:
-        json_path.parent.mkdir(parents=True, exist_ok=True)
-        json_path.write_text(json.dumps(report, indent=2) + "\n")
+    return table
 
 
 @bench_app.command("quality")
