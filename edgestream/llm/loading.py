@@ -8,11 +8,13 @@ saves a float32 safetensors copy under the user cache directory and later loads 
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import os
 import shutil
 import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -182,6 +184,21 @@ def hf_directory(name_or_path: str) -> Path:
     return target
 
 
+@contextlib.contextmanager
+def _without_progress_bars() -> Iterator[None]:
+    """transformers' "Loading weights" bar, for a local copy that loads in a fraction of a
+    second, is noise in a library caller's output; the caller's own setting comes back after."""
+    from transformers.utils import logging as hf_logging
+
+    enabled = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if enabled:
+            hf_logging.enable_progress_bar()
+
+
 def load_hf(name_or_path: str, dtype: torch.dtype = torch.float32) -> tuple[object, object]:
     """The transformers model (eval mode) and tokenizer for a model name or path."""
     from safetensors import SafetensorError
@@ -190,7 +207,10 @@ def load_hf(name_or_path: str, dtype: torch.dtype = torch.float32) -> tuple[obje
     directory = hf_directory(name_or_path)
     _offline()
     try:
-        model = AutoModelForCausalLM.from_pretrained(directory, dtype=dtype, local_files_only=True)
+        with _without_progress_bars():
+            model = AutoModelForCausalLM.from_pretrained(
+                directory, dtype=dtype, local_files_only=True
+            )
         tokenizer = AutoTokenizer.from_pretrained(directory, local_files_only=True)
     except (OSError, ValueError, KeyError, RuntimeError, SafetensorError) as err:
         raise ValueError(f"could not load model from {directory}: {err}") from err

@@ -93,3 +93,14 @@ def test_training_runs_in_bfloat16_only_where_the_cpu_has_it_natively(
     # Emulated bfloat16 made a shared-mode step ~38x slower than float32 on an AVX2-only CPU.
     monkeypatch.setattr(loading, "native_bfloat16", lambda: native)
     assert loading.training_dtype() == expected
+
+
+def test_loading_prints_no_progress_bar_and_leaves_the_callers_setting(
+    tiny_model_dir: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.enable_progress_bar()
+    load_language_model(str(tiny_model_dir))
+    assert "Loading weights" not in capfd.readouterr().err
+    assert hf_logging.is_progress_bar_enabled()
