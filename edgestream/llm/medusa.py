@@ -63,7 +63,8 @@ class MedusaHeads(nn.Module):
         dim, vocab = model_config.dim, model_config.vocab_size
         if config.draft_vocab_size > vocab:
             raise ValueError(
-                f"draft_vocab_size ({config.draft_vocab_size}) exceeds the vocabulary ({vocab})"
+                f"draft_vocab_size ({config.draft_vocab_size}) exceeds the vocabulary ({vocab}): "
+                "use a smaller one, or 0 for all of it (--draft-vocab)"
             )
         self.config = config
         self.full_vocab = vocab

@@ -203,7 +203,8 @@ class SpeculativeStreams(nn.Module):
         if config.draft_vocab_size > model_config.vocab_size:
             raise ValueError(
                 f"draft_vocab_size ({config.draft_vocab_size}) exceeds the vocabulary "
-                f"({model_config.vocab_size})"
+                f"({model_config.vocab_size}): use a smaller one, or 0 for all of it "
+                "(--draft-vocab)"
             )
         # Token ids of the draft vocabulary, most frequent first; set by training.
         self.register_buffer("draft_vocab", torch.arange(config.draft_vocab_size))
