@@ -131,21 +131,21 @@ def set_threads(threads: int | None) -> None:
 
 
 class TextStreamer:
-    """Prints decoded text as tokens arrive, holding back incomplete UTF-8 characters."""
+    """Prints an answer's text to stdout as its tokens arrive (see `TextDeltas`)."""
 
     def __init__(self, decode: Callable[[list[int]], str]) -> None:
-        self.decode = decode
-        self.ids: list[int] = []
-        self.printed = 0
+        from edgestream.llm.loading import TextDeltas
+
+        self.deltas = TextDeltas(decode)
 
     def __call__(self, token: int) -> None:
-        self.ids.append(token)
-        text = self.decode(self.ids)
-        if text.endswith("\ufffd"):
-            return
-        sys.stdout.write(text[self.printed :])
+        sys.stdout.write(self.deltas(token))
         sys.stdout.flush()
-        self.printed = len(text)
+
+    @property
+    def printed(self) -> int:
+        """Characters printed so far."""
+        return self.deltas.sent
 
 
 class PartialLine:

@@ -20,6 +20,7 @@ from edgestream.lazy_exports import lazy_exports
 _EXPORTS = {
     "load_language_model": "edgestream.llm.loading",
     "LanguageModel": "edgestream.llm.loading",
+    "TextDeltas": "edgestream.llm.loading",
     "make_decoder": "edgestream.llm.methods",
     "MethodOptions": "edgestream.llm.methods",
     "METHODS": "edgestream.llm.methods",
@@ -31,7 +32,7 @@ _EXPORTS = {
 
 if TYPE_CHECKING:
     from edgestream.llm.engine import GenerationResult, Sampling
-    from edgestream.llm.loading import LanguageModel, load_language_model
+    from edgestream.llm.loading import LanguageModel, TextDeltas, load_language_model
     from edgestream.llm.methods import METHODS, Decoder, MethodOptions, make_decoder
     from edgestream.llm.tree import TreeShape
 
@@ -42,6 +43,7 @@ __all__ = [
     "LanguageModel",
     "MethodOptions",
     "Sampling",
+    "TextDeltas",
     "TreeShape",
     "load_language_model",
     "make_decoder",

@@ -14,7 +14,7 @@ import json
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -217,6 +217,27 @@ def load_hf(name_or_path: str, dtype: torch.dtype = torch.float32) -> tuple[obje
     return model.eval(), tokenizer
 
 
+class TextDeltas:
+    """Token ids as they arrive -> the text each one completes, for streaming an answer out.
+
+    A token may end inside a multi-byte UTF-8 character; its text is held back (returned as
+    "") until the character is whole. `sent` counts the characters returned so far.
+    """
+
+    def __init__(self, decode: Callable[[list[int]], str]) -> None:
+        self.decode = decode
+        self.ids: list[int] = []
+        self.sent = 0
+
+    def __call__(self, token: int) -> str:
+        self.ids.append(token)
+        text = self.decode(self.ids)
+        if text.endswith("\ufffd"):
+            return ""
+        delta, self.sent = text[self.sent :], len(text)
+        return delta
+
+
 @dataclass
 class LanguageModel:
     """Our engine plus the tokenizer and prompt formatting of one model."""
@@ -259,6 +280,11 @@ class LanguageModel:
 
     def decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+    def text_deltas(self) -> TextDeltas:
+        """A fresh `TextDeltas` for one answer: pass `lambda t: print(deltas(t), end="")` as
+        a decoder's `on_token` to print the answer as it is decoded."""
+        return TextDeltas(self.decode)
 
 
 def load_language_model(

@@ -212,11 +212,12 @@ def save_adapter(weights: SharedWeights, lora_config: LoRAConfig, path: Path, in
     tmp.replace(path)
 
 
-def load_adapter(path: Path, lm: LanguageModel) -> tuple[SpeculativeStreams | None, dict]:
+def load_adapter(path: str | Path, lm: LanguageModel) -> tuple[SpeculativeStreams | None, dict]:
     """Merge an adapter's LoRA into `lm.model` (which must be loaded with pack=False; packed
     again here) and return its streams (None for a next-token-only adapter) and info."""
     from safetensors import SafetensorError, safe_open
 
+    path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"adapter {str(path)!r} does not exist")
     try:

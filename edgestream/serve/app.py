@@ -82,21 +82,6 @@ class _Cancelled(Exception):
     """Raised inside a decode when its client has gone away."""
 
 
-class _TextDeltas:
-    """Token ids -> newly completed text, holding back an incomplete UTF-8 character."""
-
-    def __init__(self, decode: object) -> None:
-        self.decode, self.ids, self.sent = decode, [], 0
-
-    def __call__(self, token: int) -> str:
-        self.ids.append(token)
-        text = self.decode(self.ids)  # type: ignore[operator]
-        if text.endswith("\ufffd"):
-            return ""
-        delta, self.sent = text[self.sent :], len(text)
-        return delta
-
-
 def _sse(event: str, data: dict[str, object]) -> str:
     return f"event: {event}\ndata: {json.dumps(data, ensure_ascii=False)}\n\n"
 
@@ -194,7 +179,7 @@ async def _answer_events(
     loop = asyncio.get_running_loop()
     queue: asyncio.Queue[tuple[str, object]] = asyncio.Queue()
     gone = threading.Event()
-    deltas = _TextDeltas(assistant.lm.decode)
+    deltas = assistant.lm.text_deltas()
 
     def on_token(token: int) -> None:
         if gone.is_set():

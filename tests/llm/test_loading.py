@@ -104,3 +104,14 @@ def test_loading_prints_no_progress_bar_and_leaves_the_callers_setting(
     load_language_model(str(tiny_model_dir))
     assert "Loading weights" not in capfd.readouterr().err
     assert hf_logging.is_progress_bar_enabled()
+
+
+def test_text_deltas_hold_back_an_unfinished_character(tiny_model_dir: Path) -> None:
+    lm = load_language_model(str(tiny_model_dir))
+    text = "the café 🙂 is open"
+    ids = lm.tokenizer.encode(text, add_special_tokens=False)
+    deltas = lm.text_deltas()
+    pieces = [deltas(token) for token in ids]
+    assert "".join(pieces) == lm.decode(ids) == text
+    assert "" in pieces and not any("\ufffd" in piece for piece in pieces)
+    assert deltas.sent == len(text)
