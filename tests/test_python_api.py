@@ -75,3 +75,16 @@ def test_the_documented_examples_run_as_written() -> None:
     assert out.returncode == 0, out.stderr[-3000:]
     assert "final: why is the sky blue" in out.stdout
     assert "identical: True" in out.stdout
+
+
+@pytest.mark.parametrize("method", ["ar", "pld", "ss", "ss-pld"])
+def test_decoders_take_the_arguments_their_protocol_names(
+    method: str, tiny_model_dir: Path, tiny_streams: Path
+) -> None:
+    lm = edgestream.llm.load_language_model(str(tiny_model_dir))
+    options = edgestream.llm.MethodOptions(streams_path=tiny_streams)
+    decode = edgestream.llm.make_decoder(method, lm, options)
+    prompt = lm.encode_prompt("the quick brown fox")
+    seen: list[int] = []
+    by_name = decode(prompt_ids=prompt, max_new_tokens=12, on_token=seen.append)
+    assert seen == by_name.token_ids == decode(prompt, 12).token_ids

@@ -104,10 +104,19 @@ def make_decoder(
     stop, sampling, tree = lm.stop_ids, options.sampling, options.tree
     draft_dtype = drafting_dtype(options.draft_dtype, lm.model.dtype)
     if method == "ar":
-        return lambda ids, n, cb=None: generate_ar(lm.model, ids, n, stop, sampling, cb)
+        return lambda prompt_ids, max_new_tokens, on_token=None: generate_ar(
+            lm.model, prompt_ids, max_new_tokens, stop, sampling, on_token
+        )
     if method == "pld":
-        return lambda ids, n, cb=None: generate_pld(
-            lm.model, ids, n, stop, options.pld_tokens, options.pld_ngram, cb, sampling
+        return lambda prompt_ids, max_new_tokens, on_token=None: generate_pld(
+            lm.model,
+            prompt_ids,
+            max_new_tokens,
+            stop,
+            options.pld_tokens,
+            options.pld_ngram,
+            on_token,
+            sampling,
         )
     if method == "medusa":
         if options.medusa_path is None:
@@ -116,8 +125,8 @@ def make_decoder(
                 "and pass --medusa PATH"
             )
         heads, _ = load_medusa(options.medusa_path, lm.model, draft_dtype)
-        return lambda ids, n, cb=None: generate_medusa(
-            lm.model, heads, ids, n, stop, tree, cb, sampling
+        return lambda prompt_ids, max_new_tokens, on_token=None: generate_medusa(
+            lm.model, heads, prompt_ids, max_new_tokens, stop, tree, on_token, sampling
         )
     if method == "draft":
         if options.draft_path is None:
@@ -126,21 +135,28 @@ def make_decoder(
                 "and pass --draft PATH"
             )
         draft, _ = load_draft(options.draft_path, lm.model)
-        return lambda ids, n, cb=None: generate_draft(
-            lm.model, draft, ids, n, stop, options.draft_tokens, cb, sampling
+        return lambda prompt_ids, max_new_tokens, on_token=None: generate_draft(
+            lm.model,
+            draft,
+            prompt_ids,
+            max_new_tokens,
+            stop,
+            options.draft_tokens,
+            on_token,
+            sampling,
         )
     streams = options.streams or resolve_streams(lm, options.streams_path)[0]
     streams = streams.merged_for(lm.model, draft_dtype)  # adapters folded in, drafting dtype
     head = DraftHead(lm.model, streams)
     lookup = options.lookup_tokens if method == "ss-pld" else 0
-    return lambda ids, n, cb=None: generate_ss(
+    return lambda prompt_ids, max_new_tokens, on_token=None: generate_ss(
         lm.model,
         streams,
-        ids,
-        n,
+        prompt_ids,
+        max_new_tokens,
         stop,
         tree,
-        cb,
+        on_token,
         head=head,
         sampling=sampling,
         lookup_tokens=lookup,
