@@ -42,6 +42,7 @@ from edgestream.cli.common import (
     streaming_options,
     tree_shape,
     user_errors,
+    write_report,
 )
 
 if TYPE_CHECKING:
@@ -106,9 +107,7 @@ def bench_generate_command(
         f"median of {repeats}, prefill included; torch {setup['torch']}, "
         f"transformers {setup['transformers']}[/dim]"
     )
-    if json_path is not None:
-        json_path.parent.mkdir(parents=True, exist_ok=True)
-        json_path.write_text(json.dumps(report, indent=2) + "\n")
+    write_report(report, json_path)
 
 
 def _split_methods(methods: str) -> list[str]:
@@ -279,9 +278,7 @@ def bench_spec_command(
             f"{where['max_abs_logit_gap']} (median {where['median_abs_logit_gap']}; "
             f"{where['stopped_differently']} stopped instead)"
         )
-    if json_path is not None:
-        json_path.parent.mkdir(parents=True, exist_ok=True)
-        json_path.write_text(json.dumps(report, indent=2) + "\n")
+    write_report(report, json_path)
 
 
 def _check_draft_lengths(
@@ -488,10 +485,7 @@ def bench_quality_command(
             f"{row['mean_accepted']:.2f}" if "mean_accepted" in row else "-",
             f"{row['exact_match_vs_ar']:.2f}" if "exact_match_vs_ar" in row else "-",
         )
-    Console().print(table)
-    if json_path is not None:
-        json_path.parent.mkdir(parents=True, exist_ok=True)
-        json_path.write_text(json.dumps(report, indent=2, ensure_ascii=False) + "\n")
+    show_report(table, report, json_path)
 
 
 @bench_app.command("results")

@@ -367,12 +367,19 @@ def streaming_options(
     return replace(options, rescorer=load_rescorer(rescore, adapter=rescore_adapter))
 
 
+def write_report(report: object, json_path: Path | None) -> None:
+    """Write a report as JSON when asked (`--json PATH`), its folder made if need be."""
+    if json_path is None:
+        return
+    json_path.parent.mkdir(parents=True, exist_ok=True)
+    json_path.write_text(json.dumps(report, indent=2, ensure_ascii=False) + "\n", "utf-8")
+    stderr.print(f"wrote {json_path}")
+
+
 def show_report(table: object, report: object, json_path: Path | None) -> None:
     """Print a benchmark's table; write its report as JSON too when asked."""
     Console().print(table)
-    if json_path is not None:
-        json_path.write_text(json.dumps(report, indent=1) + "\n", "utf-8")
-        stderr.print(f"wrote {json_path}")
+    write_report(report, json_path)
 
 
 def training_bar(rank: int) -> object:

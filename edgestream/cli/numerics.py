@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Annotated
 
@@ -16,6 +15,7 @@ from edgestream.cli.common import (
     show_report,
     stderr,
     user_errors,
+    write_report,
 )
 
 
@@ -30,9 +30,7 @@ def numerics_report_command(
 
     report = numerics_report(seed=seed)
     Console().print(report_table(report))
-    if json_path is not None:
-        json_path.parent.mkdir(parents=True, exist_ok=True)
-        json_path.write_text(json.dumps(report, indent=2) + "\n")
+    write_report(report, json_path)
 
 
 @numerics_app.command("activations")
