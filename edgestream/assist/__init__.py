@@ -6,7 +6,7 @@ The names below are the library's front door (docs/python-api.md), imported on f
 
     assistant = Assistant.load()  # the bundled recognizer and SmolLM2 with its streams
     heard = assistant.transcribe("question.wav")
-    print(heard.text, assistant.answer(heard.text, "ss").text)
+    print(heard.text, assistant.answer(heard.text).text)  # ss-pld: streams + prompt lookup
 """
 
 from __future__ import annotations

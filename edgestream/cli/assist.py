@@ -44,7 +44,9 @@ AssistRescoreAdapter = Annotated[
 @user_errors
 def assist(
     audio: Annotated[Path, typer.Argument(help="A spoken question: WAV, FLAC or OGG, any rate.")],
-    method: Annotated[str, typer.Option(help="Answer decoding: ss or ar.")] = "ss",
+    method: Annotated[
+        str, typer.Option(help="Answer decoding: ss-pld (streams + prompt lookup), ss or ar.")
+    ] = "ss-pld",
     asr_model: Annotated[str, typer.Option(help="'default' or an ASR model file.")] = "default",
     llm: Annotated[str, typer.Option(help="Model name (smollm2) or local path.")] = "smollm2",
     streams: Annotated[

@@ -49,7 +49,9 @@ class Decoder(Protocol):
 class MethodOptions:
     sampling: Sampling = field(default_factory=Sampling)
     streams_path: Path | None = None  # default: the bundled streams of the model, if any
-    streams: SpeculativeStreams | None = None  # already loaded (e.g. a shared-mode adapter's)
+    # Already loaded (e.g. a shared-mode adapter's), or already merged for drafting
+    # (`SpeculativeStreams.merged_for`), which decoders of one model may share
+    streams: SpeculativeStreams | None = None
     medusa_path: Path | None = None  # Medusa heads (`edgestream train medusa`); none bundled
     draft_path: Path | None = None  # draft model (`edgestream train draft`); none bundled
     draft_tokens: int = 4  # two-model speculative decoding: tokens drafted per pass
@@ -146,7 +148,12 @@ def make_decoder(
             sampling,
         )
     streams = options.streams or resolve_streams(lm, options.streams_path)[0]
-    streams = streams.merged_for(lm.model, draft_dtype)  # adapters folded in, drafting dtype
+    if streams.draft_dtype is None:  # not merged yet: adapters folded in, in the drafting dtype
+        streams = streams.merged_for(lm.model, draft_dtype)
+    elif streams.draft_dtype != draft_dtype:
+        raise ValueError(
+            f"these streams were merged to draft in {streams.draft_dtype}, not {draft_dtype}"
+        )
     head = DraftHead(lm.model, streams)
     lookup = options.lookup_tokens if method == "ss-pld" else 0
     return lambda prompt_ids, max_new_tokens, on_token=None: generate_ss(

@@ -34,7 +34,12 @@ from fastapi import Depends, FastAPI, HTTPException, Request, WebSocket, WebSock
 from fastapi.responses import FileResponse, StreamingResponse
 from pydantic import BaseModel, Field
 
-from edgestream.assist.pipeline import ANSWER_METHODS, SAMPLE_RATE, Assistant
+from edgestream.assist.pipeline import (
+    ANSWER_METHODS,
+    DEFAULT_ANSWER_METHOD,
+    SAMPLE_RATE,
+    Assistant,
+)
 
 STATIC_DIR = Path(__file__).parent / "static"
 PAGE_FILES = {"app.js": "text/javascript", "pcm-worklet.js": "text/javascript"}
@@ -61,7 +66,9 @@ class ServerSettings:
 
 class GenerateRequest(BaseModel):
     prompt: str = Field(description="The user's message (the chat template is applied).")
-    method: str = Field("ss", description=f"Decoding method: one of {', '.join(ANSWER_METHODS)}.")
+    method: str = Field(
+        DEFAULT_ANSWER_METHOD, description=f"Decoding method: one of {', '.join(ANSWER_METHODS)}."
+    )
     max_new_tokens: int | None = Field(None, ge=1, description="Default: the server's setting.")
 
 

@@ -23,10 +23,11 @@ runner = CliRunner()
 SAMPLE = Path(__file__).parents[2] / "edgestream/asr/samples/why-is-the-sky-blue.wav"
 
 
-def test_ss_answers_are_token_identical_to_ar(assistant: Assistant) -> None:
+@pytest.mark.parametrize("method", ["ss-pld", "ss"])
+def test_ss_answers_are_token_identical_to_ar(assistant: Assistant, method: str) -> None:
     for question in ("why is the sky blue", "tell me about a dog", "where do penguins live"):
-        answer = assistant.answer(question, "ss", compare=True)
-        assert answer.identical_to_ar is True, question
+        answer = assistant.answer(question, method, compare=True)
+        assert answer.method == method and answer.identical_to_ar is True, question
         assert answer.baseline is not None and answer.result.token_ids == answer.baseline.token_ids
         assert answer.speedup is not None and answer.speedup > 0
         assert answer.text == assistant.lm.decode(answer.result.token_ids)
@@ -36,6 +37,22 @@ def test_tokens_reach_the_callback_as_they_are_decoded(assistant: Assistant) -> 
     seen: list[int] = []
     answer = assistant.answer("how do i boil an egg", "ss", seen.append, max_new_tokens=10)
     assert seen == answer.result.token_ids and 0 < len(seen) <= 10
+
+
+def test_ss_and_ss_pld_share_one_merged_copy_of_the_streams(
+    assistant: Assistant, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Each merge copies the stream layers (~150 MB for SmolLM2's): the two methods share one.
+    from edgestream.llm.msa import SpeculativeStreams
+
+    merges = []
+    merge = SpeculativeStreams.merged_for
+    monkeypatch.setattr(
+        SpeculativeStreams, "merged_for", lambda self, *a: merges.append(1) or merge(self, *a)
+    )
+    fresh = Assistant(assistant.asr, assistant.lm, replace(assistant.config))
+    assert fresh.methods() == ["ss-pld", "ss", "ar"] and len(merges) == 1
+    assert fresh.answer("hi", max_new_tokens=8).method == "ss-pld"  # the default
 
 
 def test_methods_without_stream_weights_leave_only_ar(
@@ -77,7 +94,7 @@ def test_assist_json_reports_transcript_answer_and_speed(
     )
     assert record["transcript"]["rtf"] > 0 and record["transcript"]["duration"] > 0
     answer = record["answer"]
-    assert answer["method"] == "ss" and answer["identical_to_ar"] is True
+    assert answer["method"] == "ss-pld" and answer["identical_to_ar"] is True
     assert answer["text"] == assistant.answer(heard, "ar", max_new_tokens=24).text
     assert answer["speedup"] > 0 and answer["mean_accepted"] >= 1
 

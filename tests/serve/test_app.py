@@ -58,7 +58,7 @@ def _events(response: httpx.Response) -> list[tuple[str, dict]]:
 
 def test_health_and_schema(server: str) -> None:
     health = httpx.get(f"http://{server}/health").json()
-    assert health["status"] == "ok" and health["methods"] == ["ar", "ss"]
+    assert health["status"] == "ok" and health["methods"] == ["ss-pld", "ss", "ar"]
     assert health["active_streams"] == 0
     schema = httpx.get(f"http://{server}/openapi.json").json()
     assert {"/health", "/api/generate"} <= set(schema["paths"])
@@ -243,7 +243,7 @@ def test_streams_beyond_the_limit_are_turned_away(
 
 def test_answers_stream_token_by_token_and_ss_equals_ar(server: str, assistant: object) -> None:
     answers = {}
-    for method in ("ar", "ss"):
+    for method in ("ar", "ss", "ss-pld"):
         response = httpx.post(
             f"http://{server}/api/generate",
             json={"prompt": "what is the capital of france", "method": method},
@@ -259,7 +259,8 @@ def test_answers_stream_token_by_token_and_ss_equals_ar(server: str, assistant: 
         assert done["method"] == method and done["tokens_per_second"] > 0
         answers[method] = done
     direct = assistant.answer("what is the capital of france", "ar")
-    assert answers["ar"]["text"] == answers["ss"]["text"] == direct.text != ""
+    assert answers["ar"]["text"] == answers["ss"]["text"] == answers["ss-pld"]["text"]
+    assert answers["ar"]["text"] == direct.text != ""
     assert answers["ar"]["new_tokens"] == answers["ss"]["new_tokens"] == direct.result.new_tokens
 
 
