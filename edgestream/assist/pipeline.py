@@ -40,12 +40,13 @@ __all__ = [
 ]
 
 # What the assistant offers. Prompt lookup alone has little to copy from a spoken question,
-# but grafted onto the streams (ss-pld) it copies what the answer repeats of itself.
+# but grafted onto the streams (ss-pld) it also matches the answer so far, which SmolLM2's
+# long answers often repeat.
 ANSWER_METHODS = ("ss-pld", "ss", "ar")
 # The default, measured on the chat probe's open questions, requests and coding requests,
 # the kinds a spoken question is: ss-pld over AR 1.42x / 1.39x / 1.19x against ss's 1.35x /
 # 1.33x / 1.13x on an Intel Xeon (stop 37), 1.21x / 1.12x / 1.04x against 1.13x / 1.04x /
-# 0.92x on an AVX2-only AMD EPYC (stop 44); both lossless (docs/benchmarks.md).
+# 0.92x on an AVX2-only AMD EPYC (stop 44); both lossless (docs/serve.md).
 DEFAULT_ANSWER_METHOD = "ss-pld"
 
 
