@@ -1,7 +1,9 @@
 """Reading user audio: any soundfile format, rate and channel count, streamed in blocks.
 
 Audio is read a block at a time, downmixed to mono and resampled to 16 kHz by a streaming
-`soxr` resampler, so an hour-long file costs the memory of one block. Whatever cannot be
+`soxr` resampler, so an hour-long file costs the memory of one block. The path `-` reads
+standard input as it arrives: a WAV (or OGG) stream piped from a recorder, with no length
+known in advance (libsndfile reads such headers from a pipe). Whatever cannot be
 transcribed faithfully is refused with an `AudioError` (a ValueError) that names the file and
 the problem: a missing, empty, truncated or corrupt file, an unsupported format, or samples
 that are not finite numbers. Clipped audio is transcribed as it is; `AudioStats` reports the
@@ -10,6 +12,8 @@ clipped fraction so callers can warn.
 
 from __future__ import annotations
 
+import io
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,6 +23,8 @@ import soundfile as sf
 import soxr
 
 SAMPLE_RATE = 16_000
+STDIN = "-"  # as a path: the audio arrives on standard input
+PIPE_EXAMPLE = "arecord -f S16_LE -r 16000 | edgestream transcribe -"
 CLIP_LEVEL = 0.999  # samples at or above this magnitude count as clipped
 
 
@@ -78,18 +84,49 @@ def open_audio(path: str | Path) -> sf.SoundFile:
     return handle
 
 
+def open_stdin() -> sf.SoundFile:
+    """Open standard input as an audio stream, or raise AudioError saying why it cannot be."""
+    if sys.stdin is None or sys.stdin.isatty():
+        raise AudioError(f"standard input is not a pipe: send audio into it, e.g. {PIPE_EXAMPLE}")
+    try:
+        source: int | io.BufferedIOBase = sys.stdin.fileno()
+    except (AttributeError, io.UnsupportedOperation):  # replaced by an in-memory file
+        source = sys.stdin.buffer
+    try:
+        # closefd=False: standard input stays open for whoever reads it after us
+        handle = sf.SoundFile(source, closefd=False)
+    except sf.LibsndfileError as error:
+        raise AudioError(
+            f"standard input: not an audio stream ({error.error_string}); pipe WAV into it "
+            f"(arecord, `sox ... -t wav -`, `ffmpeg ... -f wav -`), e.g. {PIPE_EXAMPLE}"
+        ) from None
+    if handle.frames == 0:
+        handle.close()
+        # A writer that cannot seek back must say "length unknown" (0xFFFFFFFF), as arecord,
+        # sox and ffmpeg do; a header left at 0 reads as empty, whatever follows it.
+        raise AudioError(
+            "standard input: the stream's header says it holds no audio samples "
+            "(a WAV stream of unknown length must give 0xFFFFFFFF as its data size)"
+        )
+    return handle
+
+
 def stream_audio(
     path: str | Path, block_seconds: float = 0.5, stats: AudioStats | None = None
 ) -> Iterator[np.ndarray]:
-    """Yield float32 mono 16 kHz blocks of `path`; fills `stats` as it goes.
+    """Yield float32 mono 16 kHz blocks of `path` (`-`: standard input); fills `stats` as it
+    goes.
 
     Raises AudioError for NaN or infinite samples and for undecodable data. A truncated WAV is
-    read as far as it goes, and flagged in `stats`."""
-    with open_audio(path) as handle:
+    read as far as it goes, and flagged in `stats`. Standard input is read until it ends, so a
+    live stream yields each block as soon as the recorder has written it."""
+    live = str(path) == STDIN
+    name = "standard input" if live else str(path)
+    with open_stdin() if live else open_audio(path) as handle:
         rate, channels, expected = handle.samplerate, handle.channels, handle.frames
         if stats is not None:
             stats.sample_rate, stats.channels = rate, channels
-            stats.truncated = _wav_is_truncated(Path(path))
+            stats.truncated = not live and _wav_is_truncated(Path(path))
         resampler = (
             soxr.ResampleStream(rate, SAMPLE_RATE, 1, dtype="float32")
             if rate != SAMPLE_RATE
@@ -101,12 +138,12 @@ def stream_audio(
             try:
                 samples = handle.read(block, dtype="float32", always_2d=True)
             except sf.LibsndfileError as error:
-                raise AudioError(f"{path}: corrupt audio data ({error.error_string})") from None
+                raise AudioError(f"{name}: corrupt audio data ({error.error_string})") from None
             last = len(samples) < block
             read += len(samples)
             mono = samples.mean(axis=1, dtype=np.float32) if channels > 1 else samples[:, 0]
             if not np.all(np.isfinite(mono)):
-                raise AudioError(f"{path}: holds NaN or infinite samples near {read / rate:.1f} s")
+                raise AudioError(f"{name}: holds NaN or infinite samples near {read / rate:.1f} s")
             if stats is not None:
                 stats._samples += len(mono)
                 stats._clipped += int(np.count_nonzero(np.abs(mono) >= CLIP_LEVEL))
@@ -117,10 +154,10 @@ def stream_audio(
                 yield out
             if last:
                 break
-        if read < expected and stats is not None:
+        if read < expected and stats is not None and not live:
             stats.truncated = True
         if read == 0:
-            raise AudioError(f"{path}: the file holds no audio samples")
+            raise AudioError(f"{name}: holds no audio samples")
 
 
 def read_audio(path: str | Path) -> np.ndarray:

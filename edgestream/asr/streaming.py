@@ -194,12 +194,16 @@ class Recognizer:
         return PrefixBeamDecoder(options.beam, fusion=fusion)
 
     @property
+    def partial(self) -> str:
+        """The open segment's text: what follows `segments` (after `finalize`, the last one)."""
+        if self._closed_text is not None:
+            return self._closed_text
+        return self.asr.vocabulary.decode(self._decoder.ids)
+
+    @property
     def text(self) -> str:
         """Everything recognised so far: closed segments and the current partial."""
-        current = self._closed_text
-        if current is None:
-            current = self.asr.vocabulary.decode(self._decoder.ids)
-        return " ".join(s for s in [*self.segments, current] if s)
+        return " ".join(s for s in [*self.segments, self.partial] if s)
 
     def _segment_text(self) -> str:
         """The current segment's final text: the first pass's best, or the rescorer's choice."""

@@ -1,14 +1,18 @@
 """Transcribe audio files with the streaming recognizer, timing it as a live stream would be.
 
-`transcribe_file` streams a file through a `Recognizer` in 100 ms pieces (as a microphone
-would deliver it) and returns the text with its real-time factor and first-partial latency;
-`on_partial` sees every change of the partial text.
+`transcribe_file` streams a file (or standard input, `-`) through a `Recognizer` in 100 ms
+pieces, as a microphone would deliver it, and returns the text with its real-time factor and
+first-partial latency; `on_partial` sees every change of the partial text and `on_segment`,
+for live output, each segment as an endpoint closes it.
 """
 
 from __future__ import annotations
 
+import signal
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,8 +31,9 @@ class Transcript:
     duration: float  # seconds of audio
     rtf: float  # processing seconds / audio seconds
     first_partial_ms: float | None  # see transcribe_file; None if nothing was recognised
-    segments: tuple[str, ...]  # texts between endpoints
+    segments: tuple[str, ...]  # the text, split where endpoints fell
     warnings: tuple[str, ...]  # e.g. clipped or truncated input
+    interrupted: bool = False  # `stop` was set before the audio ended
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -47,36 +52,59 @@ def transcribe_file(
     path: str | Path,
     options: StreamingOptions = StreamingOptions(),
     on_partial: Callable[[str], None] | None = None,
+    on_segment: Callable[[str], None] | None = None,
+    stop: threading.Event | None = None,
 ) -> Transcript:
-    """Stream `path` through a fresh recognizer.
+    """Stream `path` (`-`: standard input, until it ends) through a fresh recognizer.
+
+    Without `on_segment`, `on_partial` gets the whole text so far. With it, each segment goes
+    to `on_segment` once, as an endpoint closes it (the last one at the end), and `on_partial`
+    gets only the open segment's text: a live display then never repeats what it has
+    printed, however long the stream. `stop` ends the stream early, between pieces, and the
+    text recognised so far is finalized as if the audio had ended there.
 
     first_partial_ms: when the first words would have appeared had the audio been live: the
     audio time at which the piece that produced them ended, plus the processing time that piece
     took (processing is counted as if it started when the piece arrived)."""
     recognizer = Recognizer(asr, options)
     stats = AudioStats(0, 0)
-    processing, first_partial_ms, shown = 0.0, None, ""
+    processing, first_partial_ms, shown, emitted = 0.0, None, "", 0
+    interrupted = False
+
+    def report_progress() -> None:
+        nonlocal shown, emitted
+        if on_segment is not None:
+            for segment in recognizer.segments[emitted:]:
+                on_segment(segment)
+            emitted = len(recognizer.segments)
+        text = recognizer.text if on_segment is None else recognizer.partial
+        if text != shown:
+            shown = text
+            # An open segment emptied by an endpoint says nothing that on_segment did not.
+            if on_partial is not None and (text or on_segment is None):
+                on_partial(text)
+
     piece = int(PIECE_SECONDS * 16_000)
-    for block in stream_audio(path, stats=stats):
+    for block in stream_audio(path, PIECE_SECONDS, stats):
         for start in range(0, len(block), piece):
             began = time.perf_counter()
             recognizer.accept_waveform(block[start : start + piece])
             spent = time.perf_counter() - began
             processing += spent
-            text = recognizer.text
-            if text != shown:
-                if first_partial_ms is None:
-                    first_partial_ms = 1000 * (recognizer.seconds + spent)
-                shown = text
-                if on_partial is not None:
-                    on_partial(text)
+            if first_partial_ms is None and (recognizer.segments or recognizer.partial):
+                first_partial_ms = 1000 * (recognizer.seconds + spent)
+            report_progress()
+        if stop is not None and stop.is_set():
+            interrupted = True
+            break
     began = time.perf_counter()
     text = recognizer.finalize()
     processing += time.perf_counter() - began
     if first_partial_ms is None and text:
         first_partial_ms = 1000 * (recognizer.seconds + time.perf_counter() - began)
-    if text != shown and on_partial is not None:  # the flushed last chunk added words
-        on_partial(text)
+    report_progress()  # the flushed last chunk may have added words
+    if on_segment is not None and recognizer.partial:
+        on_segment(recognizer.partial)
     warnings = []
     if stats.clipped_fraction > 0.001:
         warnings.append(f"{stats.clipped_fraction:.1%} of the samples are clipped")
@@ -89,9 +117,30 @@ def transcribe_file(
         recognizer.seconds,
         processing / seconds,
         first_partial_ms,
-        tuple(recognizer.segments),
+        (*recognizer.segments, *([recognizer.partial] if recognizer.partial else [])),
         tuple(warnings),
+        interrupted,
     )
+
+
+@contextmanager
+def interrupt_stops(stop: threading.Event) -> Iterator[None]:
+    """Within this block a first Ctrl-C (SIGINT) sets `stop` instead of raising, so a live
+    transcription ends cleanly after the piece in hand; a second one raises as usual."""
+    if threading.current_thread() is not threading.main_thread():
+        yield  # only the main thread may handle signals
+        return
+
+    def handle(signum: int, frame: object) -> None:
+        if stop.is_set():
+            raise KeyboardInterrupt
+        stop.set()
+
+    previous = signal.signal(signal.SIGINT, handle)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def transcribe_samples(asr: StreamingModel, samples: np.ndarray, options: StreamingOptions) -> str:

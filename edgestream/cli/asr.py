@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import json
 import sys
+import threading
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -30,6 +31,10 @@ from edgestream.cli.common import (
     training_bar,
     user_errors,
 )
+
+if TYPE_CHECKING:
+    from edgestream.asr.streaming import StreamingModel, StreamingOptions
+    from edgestream.asr.transcribe import Transcript
 
 
 @asr_app.command("synth")
@@ -204,7 +209,10 @@ def train_asr_command(
 
 @app.command()
 def transcribe(
-    audio: Annotated[list[Path], typer.Argument(help="WAV, FLAC or OGG files, any rate.")],
+    audio: Annotated[
+        list[Path],
+        typer.Argument(help="WAV, FLAC or OGG files, any rate; - reads a WAV stream from a pipe."),
+    ],
     model: Annotated[
         str, typer.Option(help="'default' (bundled), a model file, or an exported .onnx file.")
     ] = "default",
@@ -223,13 +231,18 @@ def transcribe(
     """Transcribe audio files with the streaming Conformer-CTC recognizer.
 
     rtf = processing seconds / audio seconds; first_partial_ms = when the first words would
-    have appeared, had the audio arrived live."""
+    have appeared, had the audio arrived live.
+
+    Live: `arecord -f S16_LE -r 16000 | edgestream transcribe - --stream` prints each segment
+    on a line of its own as its trailing silence ends it; Ctrl-C ends the stream."""
+    from edgestream.asr.audio import STDIN
     from edgestream.asr.backends import load_streaming_model, resolve_backend
-    from edgestream.asr.transcribe import transcribe_file
 
     try:
         if threads is not None and threads < 1:
             raise ValueError(f"--threads must be at least 1, got {threads}")
+        if sum(str(path) == STDIN for path in audio) > 1:
+            raise ValueError("- (standard input) can be given only once")
         if resolve_backend(model, backend) != "onnx":  # onnxruntime takes them per session
             set_threads(threads)
         asr = load_streaming_model(model, backend, threads)  # a bad model fails before an LLM loads
@@ -238,31 +251,67 @@ def transcribe(
     except (ValueError, FileNotFoundError) as err:
         print(f"error: {str(err).splitlines()[0]}", file=sys.stderr)
         raise typer.Exit(2) from None
-    failed = False
+    failed = interrupted = False
     for path in audio:  # a bad file is reported and skipped; the others are still transcribed
-        line = PartialLine()
-
-        def show(partial: str, path: Path = path, line: PartialLine = line) -> None:
-            if json_output:
-                print(json.dumps({"audio": str(path), "partial": partial}), flush=True)
-            else:
-                line.show(partial)
-
         try:
-            result = transcribe_file(asr, path, options, show if stream else None)
+            result = _transcribe_one(asr, path, options, stream, json_output, len(audio) > 1)
         except (ValueError, FileNotFoundError) as err:
             print(f"error: {str(err).splitlines()[0]}", file=sys.stderr)
             failed = True
             continue
-        line.clear()
         for warning in result.warnings:
             print(f"warning: {path}: {warning}", file=sys.stderr)
         if json_output:
             print(json.dumps(result.to_json()), flush=True)
-        else:
+        elif str(path) != STDIN:  # a live stream's segments are printed already
             print(f"{path}: {result.text}" if len(audio) > 1 else result.text, flush=True)
+        if result.interrupted:
+            interrupted = True
+            break
+    if interrupted:
+        raise typer.Exit(130)  # as a shell reports an interrupted command
     if failed:
         raise typer.Exit(2)
+
+
+def _transcribe_one(
+    asr: StreamingModel,
+    path: Path,
+    options: StreamingOptions,
+    stream: bool,
+    json_output: bool,
+    prefixed: bool,
+) -> Transcript:
+    """One input, its partials shown as `transcribe` promises. A live stream (`-`) also prints
+    each segment as it closes, since its end may be hours away, and ends on Ctrl-C."""
+    from edgestream.asr.audio import STDIN
+    from edgestream.asr.transcribe import interrupt_stops, transcribe_file
+
+    line, live = PartialLine(), str(path) == STDIN
+
+    def show(partial: str) -> None:
+        if json_output:
+            print(json.dumps({"audio": str(path), "partial": partial}), flush=True)
+        else:
+            line.show(partial)
+
+    def print_segment(segment: str) -> None:
+        line.clear()
+        if json_output:
+            print(json.dumps({"audio": str(path), "segment": segment}), flush=True)
+        else:
+            print(f"{path}: {segment}" if prefixed else segment, flush=True)
+
+    if not live:
+        result = transcribe_file(asr, path, options, show if stream else None)
+    else:
+        stop = threading.Event()
+        with interrupt_stops(stop):
+            result = transcribe_file(
+                asr, path, options, show if stream else None, print_segment, stop
+            )
+    line.clear()
+    return result
 
 
 @export_app.command("asr")

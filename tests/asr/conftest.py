@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 
+import numpy as np
 import pytest
+import soundfile as sf
 import torch
 
 from edgestream.asr.conformer import ConformerConfig, ConformerCTC
@@ -18,6 +21,8 @@ from edgestream.asr.voices import espeak_available
 needs_espeak = pytest.mark.skipif(
     not espeak_available(), reason="eSpeak NG missing: pip install espeakng-loader"
 )
+
+SAMPLE = Path(__file__).parents[2] / "edgestream/asr/samples/why-is-the-sky-blue.wav"
 
 TINY = ConformerConfig(d_model=32, num_heads=2, num_layers=2, subsampling_channels=16, dropout=0.0)
 
@@ -54,3 +59,14 @@ def random_model_file(path: Path, seed: int = 0, config: ConformerConfig = TINY)
 @pytest.fixture(scope="session")
 def random_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return random_model_file(tmp_path_factory.mktemp("models") / "random.safetensors")
+
+
+def wav_stream(samples: np.ndarray, rate: int, subtype: str = "PCM_16") -> bytes:
+    """`samples` as a recorder writes WAV into a pipe: sizes unknown (0xFFFFFFFF)."""
+    buffer = io.BytesIO()
+    sf.write(buffer, samples, rate, format="WAV", subtype=subtype)
+    data = bytearray(buffer.getvalue())
+    data[4:8] = b"\xff\xff\xff\xff"
+    at = data.index(b"data")
+    data[at + 4 : at + 8] = b"\xff\xff\xff\xff"
+    return bytes(data)

@@ -1,12 +1,16 @@
 from __future__ import annotations
 
+import io
+import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 import soundfile as sf
+import soxr
 
 from edgestream.asr.audio import AudioError, AudioStats, read_audio, stream_audio
+from tests.asr.conftest import wav_stream
 
 
 def _tone(seconds: float, rate: int) -> np.ndarray:
@@ -79,3 +83,57 @@ def test_long_files_are_read_in_small_blocks(tmp_path: Path) -> None:
     sizes = [len(block) for block in stream_audio(path)]
     assert sum(sizes) == pytest.approx(120 * 16_000, abs=40)
     assert max(sizes) <= 16_000  # half a second at a time: memory does not grow with length
+
+
+def _stdin_holding(monkeypatch: pytest.MonkeyPatch, data: bytes) -> None:
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(data)))
+
+
+def test_standard_input_streams_a_wav_of_unknown_length(monkeypatch: pytest.MonkeyPatch) -> None:
+    tone = _tone(1.5, 44_100)
+    _stdin_holding(monkeypatch, wav_stream(np.stack([tone, tone], axis=1), 44_100, "FLOAT"))
+    stats = AudioStats(0, 0)
+    blocks = list(stream_audio("-", 0.1, stats))
+    assert (stats.sample_rate, stats.channels, stats.truncated) == (44_100, 2, False)
+    assert max(len(block) for block in blocks) <= 1_700  # 0.1 s blocks: live latency
+    samples = np.concatenate(blocks)
+    file_samples = soxr.resample(tone, 44_100, 16_000)
+    assert len(samples) == pytest.approx(len(file_samples), abs=40)
+    assert np.abs(samples[2000:-2000] - file_samples[2000:-2000]).max() < 1e-3
+
+
+@pytest.mark.parametrize(
+    ("data", "reason"),
+    [
+        (b"", "not an audio stream"),
+        (b"hello, not audio " * 20, "not an audio stream"),
+        (wav_stream(np.zeros(1600, np.float32), 16_000)[:30], "not an audio stream"),
+    ],
+)
+def test_bad_standard_input_is_refused_with_the_reason(
+    monkeypatch: pytest.MonkeyPatch, data: bytes, reason: str
+) -> None:
+    _stdin_holding(monkeypatch, data)
+    with pytest.raises(AudioError, match=f"standard input: {reason}"):
+        read_audio("-")
+
+
+def test_a_wav_stream_whose_header_claims_no_samples_is_refused(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    data = bytearray(wav_stream(_tone(0.5, 16_000), 16_000))
+    at = data.index(b"data")
+    data[at + 4 : at + 8] = bytes(4)  # a writer that meant to seek back and fill it in
+    _stdin_holding(monkeypatch, bytes(data))
+    with pytest.raises(AudioError, match="0xFFFFFFFF"):
+        read_audio("-")
+
+
+def test_a_terminal_is_not_taken_for_audio(monkeypatch: pytest.MonkeyPatch) -> None:
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    monkeypatch.setattr(sys, "stdin", Terminal())
+    with pytest.raises(AudioError, match=r"not a pipe.*arecord"):
+        read_audio("-")

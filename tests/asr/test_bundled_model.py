@@ -20,8 +20,7 @@ from edgestream.asr.synth import SynthConfig, synthesize_corpus
 from edgestream.asr.text import SentenceSplits
 from edgestream.asr.transcribe import transcribe_samples
 from edgestream.asr.voices import espeak_available
-
-SAMPLE = Path(__file__).parents[2] / "edgestream/asr/samples/why-is-the-sky-blue.wav"
+from tests.asr.conftest import SAMPLE
 
 
 def test_bundled_model_is_small_and_documented() -> None:

@@ -3,6 +3,11 @@
 from __future__ import annotations
 
 import json
+import signal
+import subprocess
+import sys
+import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -17,6 +22,7 @@ from edgestream.asr.streaming import StreamingOptions
 from edgestream.asr.transcribe import transcribe_file, transcribe_samples
 from edgestream.bench.asr import normalize_text
 from edgestream.cli import LM_BEAM, app
+from tests.asr.conftest import SAMPLE, wav_stream
 
 runner = CliRunner()
 
@@ -159,3 +165,96 @@ def test_bench_asr_writes_the_report(random_model: Path, tiny_corpus: Path, tmp_
     assert {"audio", "hypothesis", "wer"} <= set(lines[0])
     sphinx = report["pocketsphinx"]
     assert "note" in sphinx or set(sphinx["overall"]) == keys - {"rtf_2threads"}
+
+
+def test_a_set_stop_ends_the_stream_after_the_piece_in_hand(
+    random_model: Path, tiny_corpus: Path
+) -> None:
+    stop = threading.Event()
+    stop.set()
+    result = transcribe_file(load_model(random_model), _first_audio(tiny_corpus), stop=stop)
+    assert result.interrupted and result.duration == pytest.approx(0.1)
+    whole = transcribe_file(load_model(random_model), _first_audio(tiny_corpus))
+    assert not whole.interrupted and whole.duration > 1
+
+
+def test_live_segments_are_handed_over_once_and_make_up_the_text(tmp_path: Path) -> None:
+    twice = tmp_path / "twice.wav"
+    sf.write(twice, np.concatenate([_with_pause(1.5), _with_pause(0.5)]), 16_000)
+    asr, segments, partials = load_model("default"), [], []
+    result = transcribe_file(asr, twice, StreamingOptions(), partials.append, segments.append)
+    assert segments == ["why is the sky blue"] * 2 and tuple(segments) == result.segments
+    assert " ".join(segments) == result.text == transcribe_file(asr, twice).text
+    # Partials hold the open segment only (greedy: each a prefix of the segment it opens).
+    assert partials and all(segments[0].startswith(partial) for partial in partials)
+
+
+def _with_pause(seconds: float) -> np.ndarray:
+    samples = sf.read(SAMPLE, dtype="float32")[0]
+    return np.concatenate([samples, np.zeros(int(seconds * 16_000), np.float32)])
+
+
+def _transcribe_process(*args: str) -> subprocess.Popen[bytes]:
+    command = [sys.executable, "-m", "edgestream", "transcribe", "--threads", "1", *args]
+    return subprocess.Popen(
+        command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+
+
+def test_a_live_pipe_prints_each_segment_as_it_closes(tmp_path: Path) -> None:
+    # The bundled model hears the sample twice, 1.5 s apart, from a real pipe (a WAV stream of
+    # unknown length, as arecord writes it) and from the same audio as a file, in one process.
+    twice = np.concatenate([_with_pause(1.5), _with_pause(0.5)])
+    as_file = tmp_path / "twice.wav"
+    sf.write(as_file, twice, 16_000)
+    process = _transcribe_process(str(as_file), "-", "--json")
+    out, err = process.communicate(wav_stream(twice, 16_000), timeout=120)
+    assert process.returncode == 0, err.decode()
+    lines = [json.loads(line) for line in out.decode().splitlines()]
+    from_file, *segments, live = lines
+    assert [line["segment"] for line in segments] == ["why is the sky blue"] * 2
+    assert live["audio"] == "-" and live["text"] == from_file["text"] == " ".join(
+        ["why is the sky blue"] * 2
+    )
+    assert live["duration"] == pytest.approx(len(twice) / 16_000, abs=0.01)
+
+
+def test_ctrl_c_ends_a_live_stream_with_its_text_so_far() -> None:
+    process = _transcribe_process("-", "--json", "--stream")
+    assert process.stdin is not None and process.stdout is not None
+    stopped = threading.Event()
+
+    def record() -> None:  # a recorder that never stops by itself, at ten times real time
+        try:
+            process.stdin.write(wav_stream(_with_pause(0.1), 16_000))
+            while not stopped.is_set():
+                process.stdin.write(np.zeros(1600, np.int16).tobytes())
+                process.stdin.flush()
+                time.sleep(0.01)
+        except (BrokenPipeError, ValueError):
+            pass  # the recognizer has gone
+
+    recorder = threading.Thread(target=record)
+    recorder.start()
+    try:
+        first = json.loads(process.stdout.readline())
+        assert first["partial"].startswith("why")
+        process.send_signal(signal.SIGINT)
+        rest = [json.loads(line) for line in process.stdout.read().decode().splitlines()]
+        assert process.wait(timeout=60) == 130
+    finally:
+        stopped.set()
+        recorder.join()
+    assert "Traceback" not in process.stderr.read().decode()
+    *_, segment, final = [first, *rest]  # what was heard before Ctrl-C, closed and reported
+    assert final["audio"] == "-" and final["text"].startswith("why")
+    assert segment == {"audio": "-", "segment": final["text"]}
+
+
+def test_cli_refuses_what_is_not_a_live_stream(random_model: Path) -> None:
+    model = ["--model", str(random_model)]
+    junk = runner.invoke(app, ["transcribe", "-", *model], input=b"not audio at all " * 10)
+    assert junk.exit_code == 2 and "error: standard input: not an audio stream" in junk.stderr
+    assert "Traceback" not in junk.output
+    twice = runner.invoke(app, ["transcribe", "-", "-", *model], input=b"")
+    assert twice.exit_code == 2 and "only once" in twice.stderr
