@@ -92,6 +92,9 @@ class StreamingOptions:
             raise ValueError("rescoring needs beam search's candidates: expected beam >= 1")
         if self.nbest < 1:
             raise ValueError(f"expected nbest >= 1, got {self.nbest}")
+        for name in ("silence_before_text_s", "silence_after_text_s", "max_segment_s"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"expected {name} > 0 seconds, got {getattr(self, name)}")
 
     @property
     def chunk_frames(self) -> int:

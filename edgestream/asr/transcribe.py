@@ -8,6 +8,7 @@ for live output, each segment as an endpoint closes it.
 
 from __future__ import annotations
 
+import queue
 import signal
 import threading
 import time
@@ -18,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from edgestream.asr.audio import AudioStats, stream_audio
+from edgestream.asr.audio import STDIN, AudioStats, stream_audio
 from edgestream.asr.streaming import Recognizer, StreamingModel, StreamingOptions
 
 PIECE_SECONDS = 0.1
@@ -85,7 +86,10 @@ def transcribe_file(
                 on_partial(text)
 
     piece = int(PIECE_SECONDS * 16_000)
-    for block in stream_audio(path, PIECE_SECONDS, stats):
+    blocks = stream_audio(path, PIECE_SECONDS, stats)
+    if str(path) == STDIN:
+        blocks = _read_ahead(blocks, stop)
+    for block in blocks:
         for start in range(0, len(block), piece):
             began = time.perf_counter()
             recognizer.accept_waveform(block[start : start + piece])
@@ -121,6 +125,36 @@ def transcribe_file(
         tuple(warnings),
         interrupted,
     )
+
+
+def _read_ahead(blocks: Iterator[np.ndarray], stop: threading.Event | None) -> Iterator[np.ndarray]:
+    """`blocks`, read by a thread of their own: a live stream goes on being read while the
+    caller is busy (answering the question a segment asked, say), so the recorder never blocks
+    on a full pipe and drops audio. Returns early once `stop` is set."""
+    pending: queue.Queue[np.ndarray | Exception | None] = queue.Queue()
+
+    def read() -> None:
+        try:
+            for block in blocks:
+                pending.put(block)
+        except Exception as error:  # raised again in the caller's thread
+            pending.put(error)
+            return
+        pending.put(None)
+
+    threading.Thread(target=read, name="read-ahead", daemon=True).start()
+    while True:
+        try:
+            item = pending.get(timeout=0.2)
+        except queue.Empty:
+            if stop is not None and stop.is_set():
+                return
+            continue
+        if item is None:
+            return
+        if isinstance(item, Exception):
+            raise item
+        yield item
 
 
 @contextmanager

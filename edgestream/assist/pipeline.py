@@ -135,9 +135,15 @@ class Assistant:
         return Recognizer(self.asr, self.streaming)
 
     def transcribe(
-        self, path: str | Path, on_partial: Callable[[str], None] | None = None
+        self,
+        path: str | Path,
+        on_partial: Callable[[str], None] | None = None,
+        on_segment: Callable[[str], None] | None = None,
+        stop: threading.Event | None = None,
     ) -> Transcript:
-        return transcribe_file(self.asr, path, self.streaming, on_partial)
+        """`path` (`-`: a live stream on standard input) through a fresh recognizer; see
+        `transcribe_file` for the callbacks."""
+        return transcribe_file(self.asr, path, self.streaming, on_partial, on_segment, stop)
 
     def methods(self) -> list[str]:
         """The answer methods this model can run (ss needs stream weights for it)."""

@@ -15,6 +15,7 @@ from edgestream.cli.common import (
     AsrModelName,
     Beam,
     ChunkMs,
+    EndpointSilence,
     LeftChunks,
     LmName,
     PartialLine,
@@ -224,6 +225,7 @@ def transcribe(
     rescore: Rescore = "none",
     rescore_adapter: RescoreAdapter = "default",
     vad: VadOption = False,
+    endpoint_silence: EndpointSilence = None,
     stream: Annotated[bool, typer.Option(help="Print partial results as they come.")] = False,
     threads: Annotated[int | None, typer.Option(help="CPU threads (default: PyTorch's).")] = None,
     json_output: Annotated[bool, typer.Option("--json", help="JSON Lines output.")] = False,
@@ -246,7 +248,9 @@ def transcribe(
         if resolve_backend(model, backend) != "onnx":  # onnxruntime takes them per session
             set_threads(threads)
         asr = load_streaming_model(model, backend, threads)  # a bad model fails before an LLM loads
-        options = streaming_options(chunk_ms, left_chunks, beam, lm, vad, rescore, rescore_adapter)
+        options = streaming_options(
+            chunk_ms, left_chunks, beam, lm, vad, rescore, rescore_adapter, endpoint_silence
+        )
         asr.chunk_encoder(options.left_chunks * options.chunk_frames)  # settings it can run
     except (ValueError, FileNotFoundError) as err:
         print(f"error: {str(err).splitlines()[0]}", file=sys.stderr)

@@ -5,13 +5,15 @@ from __future__ import annotations
 import json
 import math
 import sys
+import threading
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from edgestream.cli.common import (
     ChunkMs,
+    EndpointSilence,
     LmName,
     PartialLine,
     TextStreamer,
@@ -24,6 +26,10 @@ from edgestream.cli.common import (
     training_progress,
     user_errors,
 )
+
+if TYPE_CHECKING:
+    from edgestream.asr.transcribe import Transcript
+    from edgestream.assist.pipeline import Assistant
 
 AssistRescore = Annotated[
     bool,
@@ -43,7 +49,13 @@ AssistRescoreAdapter = Annotated[
 @app.command()
 @user_errors
 def assist(
-    audio: Annotated[Path, typer.Argument(help="A spoken question: WAV, FLAC or OGG, any rate.")],
+    audio: Annotated[
+        Path,
+        typer.Argument(
+            help="A spoken question: WAV, FLAC or OGG, any rate. - listens to a WAV stream "
+            "from a pipe and answers each question when its speaker pauses."
+        ),
+    ],
     method: Annotated[
         str, typer.Option(help="Answer decoding: ss-pld (streams + prompt lookup), ss or ar.")
     ] = "ss-pld",
@@ -57,18 +69,30 @@ def assist(
     lm: LmName = "default",
     rescore: AssistRescore = True,
     rescore_adapter: AssistRescoreAdapter = "none",
+    endpoint_silence: EndpointSilence = None,
     compare: Annotated[
-        bool, typer.Option(help="Also decode the answer with ar: speedup and exact match.")
-    ] = True,
+        bool | None,
+        typer.Option(
+            help="Also decode each answer with ar: speedup and exact match "
+            "[default: on for a file, off for a live stream, where it would double the wait]."
+        ),
+    ] = None,
     threads: Annotated[int | None, typer.Option(help="CPU threads (default: PyTorch's).")] = None,
-    json_output: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+    json_output: Annotated[
+        bool, typer.Option("--json", help="Print one JSON object per question.")
+    ] = False,
 ) -> None:
-    """Transcribe a spoken question as a stream, then answer it with the language model."""
+    """Transcribe a spoken question as a stream, then answer it with the language model.
+
+    Live: `arecord -f S16_LE -r 16000 | edgestream assist -` answers every question you ask
+    until Ctrl-C."""
+    from edgestream.asr.audio import STDIN
     from edgestream.assist.pipeline import ANSWER_METHODS, Assistant, AssistantConfig
 
+    live = str(audio) == STDIN
     if method not in ANSWER_METHODS:
         raise ValueError(f"unknown method {method!r}: expected one of {', '.join(ANSWER_METHODS)}")
-    if not audio.is_file():
+    if not live and not audio.is_file():
         raise FileNotFoundError(f"no such audio file: {audio}")
     set_threads(threads)
     quiet_libraries()
@@ -76,41 +100,89 @@ def assist(
         asr_model=asr_model,
         llm=llm,
         streams_path=streams,
-        streaming=streaming_options(chunk_ms, 4, None, lm),
+        streaming=streaming_options(chunk_ms, 4, None, lm, endpoint_silence=endpoint_silence),
         max_new_tokens=max_new_tokens,
         rescore=rescore,
         rescore_adapter=rescore_adapter,
     )
     assistant = Assistant.load(config)
-
+    reply = Replier(assistant, method, not live if compare is None else compare, json_output)
     line = PartialLine(terminal_only=True)  # the transcript is printed in full below
+    if live:
+        _assist_live(assistant, reply, line)
+        return
     transcript = assistant.transcribe(audio, None if json_output else line.show)
     line.clear()
     if not transcript.text.strip():
         raise ValueError(f"no speech recognised in {audio}")
-    streamer = None if json_output else TextStreamer(assistant.lm.decode)
-    if streamer is not None:
-        print(f"you: {transcript.text}", flush=True)
-        sys.stdout.write("assistant: ")
-    answer = assistant.answer(transcript.text, method, streamer, compare=compare)
-    if json_output:
-        record = {"transcript": transcript.to_json(), "answer": answer.to_json()}
-        print(json.dumps(record, ensure_ascii=False))
-        return
-    assert streamer is not None
-    sys.stdout.write(answer.text[streamer.printed :] + "\n")
-    result = answer.result
-    stderr.print(
-        f"[dim]speech: {transcript.duration:.1f} s at RTF {transcript.rtf:.3f}; answer: "
-        f"{result.new_tokens} tokens, {result.tokens_per_second:.1f} tokens/s, "
-        f"{result.mean_accepted:.2f} tokens/pass ({method})[/dim]"
-    )
-    if answer.baseline is not None:
-        same = "identical" if answer.identical_to_ar else "DIFFERENT"
-        stderr.print(
-            f"[bold]ar {answer.baseline.tokens_per_second:.1f} tokens/s, {method} "
-            f"{result.tokens_per_second:.1f} tokens/s: {answer.speedup:.2f}x, output {same}[/bold]"
+    reply(transcript.text, transcript.to_json(), transcript)
+
+
+def _assist_live(assistant: Assistant, reply: Replier, line: PartialLine) -> None:
+    """Answer each segment of standard input's stream as its endpoint closes it. Audio goes on
+    being read meanwhile, so a question asked during an answer is heard, and answered next."""
+    from edgestream.asr.transcribe import interrupt_stops
+
+    def answer(question: str) -> None:
+        line.clear()
+        reply(question, {"audio": "-", "text": question})
+
+    if not reply.json_output:
+        stderr.print("[dim]listening: ask, then pause to be answered; Ctrl-C ends[/dim]")
+    stop = threading.Event()
+    with interrupt_stops(stop):
+        transcript = assistant.transcribe(
+            "-", None if reply.json_output else line.show, answer, stop
         )
+    line.clear()
+    if transcript.interrupted:
+        raise typer.Exit(130)  # as a shell reports an interrupted command
+
+
+class Replier:
+    """Answers a question and prints it: the answer streamed as it is decoded, then its speed;
+    or, with --json, one object with the transcript and the answer."""
+
+    def __init__(self, assistant: Assistant, method: str, compare: bool, json_output: bool) -> None:
+        self.assistant, self.method, self.compare = assistant, method, compare
+        self.json_output = json_output
+
+    def __call__(
+        self,
+        question: str,
+        transcript_json: dict[str, object],
+        transcript: Transcript | None = None,
+    ) -> None:
+        assistant, method = self.assistant, self.method
+        streamer = None if self.json_output else TextStreamer(assistant.lm.decode)
+        if streamer is not None:
+            print(f"you: {question}", flush=True)
+            sys.stdout.write("assistant: ")
+        answer = assistant.answer(question, method, streamer, compare=self.compare)
+        if streamer is None:
+            record = {"transcript": transcript_json, "answer": answer.to_json()}
+            print(json.dumps(record, ensure_ascii=False), flush=True)
+            return
+        sys.stdout.write(answer.text[streamer.printed :] + "\n")
+        sys.stdout.flush()
+        result = answer.result
+        speech = (
+            ""
+            if transcript is None
+            else f"speech: {transcript.duration:.1f} s at RTF {transcript.rtf:.3f}; "
+        )
+        stderr.print(
+            f"[dim]{speech}answer: {result.new_tokens} tokens, "
+            f"{result.tokens_per_second:.1f} tokens/s, "
+            f"{result.mean_accepted:.2f} tokens/pass ({method})[/dim]"
+        )
+        if answer.baseline is not None:
+            same = "identical" if answer.identical_to_ar else "DIFFERENT"
+            stderr.print(
+                f"[bold]ar {answer.baseline.tokens_per_second:.1f} tokens/s, {method} "
+                f"{result.tokens_per_second:.1f} tokens/s: {answer.speedup:.2f}x, "
+                f"output {same}[/bold]"
+            )
 
 
 @app.command()

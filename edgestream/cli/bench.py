@@ -21,6 +21,7 @@ from edgestream.cli.common import (
     ContextDrafts,
     DraftDtype,
     DraftModelPath,
+    EndpointSilence,
     JsonReport,
     LeftChunks,
     LmName,
@@ -650,6 +651,46 @@ def bench_asr_compare_command(
             f"{row['difference']:+.2f} [{row['low']:+.2f}, {row['high']:+.2f}]",
             f"{row['better']} / {row['worse']}",
         )
+    show_report(table, report, json_path)
+
+
+@bench_app.command("live")
+@user_errors
+def bench_live_command(
+    manifest: Annotated[Path, typer.Option(help="JSON Lines: audio, text, optional group.")],
+    model: AsrModelName = "default",
+    limit: Annotated[int, typer.Option(min=1, help="Utterances, evenly spaced.")] = 8,
+    pause: Annotated[float, typer.Option(help="Seconds of silence after each utterance.")] = 2.0,
+    threads: Annotated[int, typer.Option(min=1, help="The recognizer's CPU threads.")] = 1,
+    endpoint_silence: EndpointSilence = None,
+    json_path: JsonReport = None,
+) -> None:
+    """Delays of live transcription: utterances played at real time into `transcribe -`."""
+    from rich.table import Table
+
+    from edgestream.bench.asr import read_bench_manifest
+    from edgestream.bench.live import measure_live
+
+    utterances = read_bench_manifest(manifest, limit)
+    seconds = sum(u.audio.stat().st_size for u in utterances) / 32_000 + limit * pause
+    with stderr.status(f"playing about {seconds + 5:.0f} s of audio at real time"):
+        report = measure_live(utterances, model, threads, pause, endpoint_silence)
+    table = Table(title=f"Live transcription of {manifest} through a pipe ({threads} thread(s))")
+    for column in ("delay", "mean s", "median s", "max s", "utterances"):
+        table.add_column(column)
+    rows = (
+        ("segment printed, after the speech ends", "segment_delay_s"),
+        ("first words shown, after it starts", "first_words_s"),
+    )
+    for name, key in rows:
+        row = report[key]
+        if row is not None:
+            numbers = (f"{row[k]:.2f}" for k in ("mean", "median", "max"))
+            table.add_row(name, *numbers, str(row["count"]))
+    table.caption = (
+        f"{report['segments']} segments for {report['utterances']} utterances; "
+        f"WER {report['wer']:.2%}; RTF {report['rtf']:.3f}"
+    )
     show_report(table, report, json_path)
 
 

@@ -335,6 +335,15 @@ VadOption = Annotated[
 ]
 
 
+EndpointSilence = Annotated[
+    float | None,
+    typer.Option(
+        help="Seconds of silence after words that end a segment (the endpoint) [default: 1.2]; "
+        "shorter answers live speech sooner but may cut a sentence at a pause."
+    ),
+]
+
+
 def streaming_options(
     chunk_ms: int,
     left_chunks: int,
@@ -343,6 +352,7 @@ def streaming_options(
     vad: bool = False,
     rescore: str = "none",
     rescore_adapter: str = "default",
+    endpoint_silence: float | None = None,
 ) -> object:
     """The recognizer's options from the command line: `recommended_options` with the user's
     changes (`beam` None: the recommended width, or LM_BEAM for rescoring without an LM)."""
@@ -353,8 +363,15 @@ def streaming_options(
         lm = "none"
         if rescore != "none":
             raise ValueError("--rescore needs beam search's candidates: drop --beam 0")
+    if endpoint_silence is not None and not endpoint_silence > 0:
+        raise ValueError(f"--endpoint-silence must be positive, got {endpoint_silence}")
+    changes = {} if endpoint_silence is None else {"silence_after_text_s": endpoint_silence}
     options = recommended_options(
-        lm, chunk_ms=chunk_ms, left_chunks=left_chunks, vad=SileroVad() if vad else None
+        lm,
+        chunk_ms=chunk_ms,
+        left_chunks=left_chunks,
+        vad=SileroVad() if vad else None,
+        **changes,
     )
     if beam is not None:
         options = replace(options, beam=beam)

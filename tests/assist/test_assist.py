@@ -17,6 +17,7 @@ from edgestream.asr.transcribe import transcribe_file
 from edgestream.assist.pipeline import Assistant, AssistantConfig
 from edgestream.assist.rescore import LlmRescorer
 from edgestream.cli import LM_BEAM, app
+from tests.asr.conftest import wav_stream
 from tests.conftest import needs_smollm2
 
 runner = CliRunner()
@@ -144,3 +145,40 @@ def test_the_demo_question_is_answered_by_smollm2_with_ss() -> None:
     assert record["transcript"]["text"].startswith("why is the")
     assert record["answer"]["identical_to_ar"] is True
     assert record["answer"]["mean_accepted"] > 1.2  # trained streams do get drafts accepted
+
+
+def _two_questions(spoken_questions: list[Path], tmp_path: Path) -> tuple[bytes, Path]:
+    """Two spoken questions 1.5 s apart, as a recorder's WAV stream and as a file."""
+    pause = np.zeros(24_000, np.float32)
+    clips = [sf.read(spoken_questions[i], dtype="float32")[0] for i in (1, 5)]
+    samples = np.concatenate([clips[0], pause, clips[1], pause])
+    sf.write(tmp_path / "two.wav", samples, 16_000)
+    return wav_stream(samples, 16_000), tmp_path / "two.wav"
+
+
+def test_assist_live_answers_each_question_as_its_speaker_pauses(
+    assistant: Assistant,
+    spoken_questions: list[Path],
+    tiny_model_dir: Path,
+    tiny_streams: Path,
+    tmp_path: Path,
+) -> None:
+    stream, as_file = _two_questions(spoken_questions, tmp_path)
+    options = StreamingOptions(beam=LM_BEAM, lm=load_lm("default"))
+    heard: list[str] = []
+    transcribe_file(assistant.asr, as_file, options, on_segment=heard.append)
+    assert len(heard) == 2
+    args = ["assist", "-", "--llm", str(tiny_model_dir), "--streams", str(tiny_streams)]
+    args += ["--json", "--max-new-tokens", "12", "--no-rescore"]
+    result = runner.invoke(app, args, input=stream)
+    assert result.exit_code == 0, result.output
+    records = [json.loads(line) for line in result.stdout.splitlines()]
+    assert [r["transcript"] for r in records] == [{"audio": "-", "text": h} for h in heard]
+    for record, question in zip(records, heard, strict=True):
+        expected = assistant.answer(question, "ar", max_new_tokens=12).text
+        assert record["answer"]["text"] == expected and record["answer"]["method"] == "ss-pld"
+        assert "speedup" not in record["answer"]  # live: no second decode unless --compare
+    talk = runner.invoke(app, [*args[:-4], "--max-new-tokens", "4", "--compare"], input=stream)
+    assert talk.exit_code == 0, talk.output
+    you = [line for line in talk.stdout.splitlines() if line.startswith("you: ")]
+    assert len(you) == 2 and talk.stderr.count("output identical") == 2

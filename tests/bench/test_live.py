@@ -1,0 +1,70 @@
+"""`bench live`: utterances played into `transcribe -` at real time, delays timed per line."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import soundfile as sf
+from typer.testing import CliRunner
+
+from edgestream.bench.asr import Utterance
+from edgestream.bench.live import Played, live_report, wav_stream_header
+from edgestream.cli import app
+from tests.asr.conftest import SAMPLE
+
+runner = CliRunner()
+
+
+def test_the_stream_header_is_what_a_recorder_writes() -> None:
+    header = wav_stream_header()
+    assert len(header) == 44 and header[:4] == b"RIFF" and header[8:16] == b"WAVEfmt "
+    assert header[4:8] == header[40:44] == b"\xff\xff\xff\xff"  # length unknown
+
+
+def test_each_utterance_gets_the_first_segment_after_it_and_before_the_next(
+    tmp_path: Path,
+) -> None:
+    utterances = [Utterance(tmp_path / f"{i}.wav", text, "all") for i, text in enumerate("ab")]
+    played = [Played(10.0, 12.0), Played(14.0, 16.0)]
+    lines = [
+        (10.5, {"audio": "-", "partial": "a"}),
+        (13.4, {"audio": "-", "segment": "a"}),
+        (13.9, {"audio": "-", "segment": "stray"}),  # a second segment for the first utterance
+        (14.8, {"audio": "-", "partial": "b"}),
+        (17.0, {"audio": "-", "segment": "b"}),
+        (17.1, {"audio": "-", "text": "a stray b", "rtf": 0.05}),
+    ]
+    report = live_report(utterances, played, lines)
+    assert [r["segment_delay_s"] for r in report["rows"]] == [1.4, 1.0]
+    assert [r["first_words_s"] for r in report["rows"]] == [0.5, 0.8]
+    assert report["segments"] == 3 and report["wer"] == pytest.approx(0.5)
+    assert report["segment_delay_s"]["max"] == 1.4
+
+
+def test_the_bundled_model_live(tmp_path: Path) -> None:
+    manifest = tmp_path / "m.jsonl"
+    line = json.dumps({"audio": str(SAMPLE), "text": "Why is the sky blue?"})
+    manifest.write_text(f"{line}\n{line}\n")
+    out = tmp_path / "live.json"
+    done = runner.invoke(
+        app, ["bench", "live", "--manifest", str(manifest), "--pause", "1.5", "--json", str(out)]
+    )
+    assert done.exit_code == 0, done.output
+    report = json.loads(out.read_text())
+    assert report["segments"] == 2 and report["wer"] == 0.0
+    seconds = len(sf.read(SAMPLE)[0]) / 16_000
+    for row in report["rows"]:
+        assert seconds - 1 < row["speech_s"] < seconds  # the VAD trims the silence at the ends
+        # an endpoint waits for 1.2 s of blanks, then for the chunk that holds them to end
+        assert 0.5 < row["segment_delay_s"] < 3.0 and 0.2 < row["first_words_s"] < 3.0
+    assert np.isfinite(report["rtf"]) and report["rtf"] < 1
+
+
+def test_a_pause_too_short_for_an_endpoint_is_refused(tmp_path: Path) -> None:
+    manifest = tmp_path / "m.jsonl"
+    manifest.write_text(json.dumps({"audio": str(SAMPLE), "text": "why"}) + "\n")
+    done = runner.invoke(app, ["bench", "live", "--manifest", str(manifest), "--pause", "1"])
+    assert done.exit_code == 2 and "at least 1.5 s" in done.output
