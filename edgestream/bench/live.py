@@ -5,16 +5,23 @@ recorder would: one WAV stream of unknown length, each utterance followed by a p
 in 100 ms pieces by the wall clock. It timestamps every line the recognizer prints and reports,
 per utterance, how long after its speech ended its segment appeared (`segment_delay_s`) and
 how long after its speech began the first words did (`first_words_s`), with the WER of the live
-text. Speech is where Silero VAD hears it (the files have a little silence at either end), timed
-from the moment the 100 ms piece holding its last (first) sample was written: a microphone
-delivers a piece when it ends, so a user waits up to 0.1 s more. The recognizer runs in a
+text. With `--assist-tokens N` it plays them into `edgestream assist -` instead and also times
+the answer: how long after the speech ended its first text was printed (`answer_delay_s`: the
+endpoint, rescoring, the prompt's prefill and the first tokens).
+
+Speech is where Silero VAD hears it (the files have a little silence at either end), timed from
+the moment the 100 ms piece holding its last (first) sample was written: a microphone delivers
+a piece when it ends, so a user waits up to 0.1 s more. The program under test runs in a
 process of its own, as a user's would, so the numbers include the pipe, the reads and the
-output; the model loads during a lead-in of silence, which is not timed.
+output; its models load during a lead-in of silence, which is not timed.
 """
 
 from __future__ import annotations
 
+import codecs
 import json
+import os
+import re
 import statistics
 import struct
 import subprocess
@@ -100,10 +107,36 @@ def play(pipe: IO[bytes], utterances: list[np.ndarray], pause_s: float) -> list[
     return played
 
 
-def read_lines(pipe: IO[bytes], lines: list[tuple[float, dict[str, object]]]) -> None:
-    """Collect the recognizer's JSON lines with the time each arrived."""
-    for raw in pipe:
-        lines.append((time.monotonic(), json.loads(raw)))
+def read_output(pipe: IO[bytes], chunks: list[tuple[float, bytes]]) -> None:
+    """Collect what the process prints, unbuffered, with the time each piece arrived."""
+    while chunk := os.read(pipe.fileno(), 65_536):
+        chunks.append((time.monotonic(), chunk))
+
+
+def transcript_events(chunks: list[tuple[float, bytes]]) -> list[tuple[float, dict[str, object]]]:
+    """`transcribe - --json --stream`'s lines, each at the time its newline arrived."""
+    events, line = [], b""
+    for at, chunk in chunks:
+        *complete, line = (line + chunk).split(b"\n")
+        events += [(at, json.loads(raw)) for raw in complete if raw.strip()]
+    return events
+
+
+def conversation_events(chunks: list[tuple[float, bytes]]) -> list[tuple[float, dict[str, object]]]:
+    """`assist -`'s conversation as events: each "you: ..." line (a segment) at the time its
+    newline arrived, and the answer's first printed character after it."""
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    text, times = "", []
+    for at, chunk in chunks:
+        piece = decoder.decode(chunk)
+        text += piece
+        times += [at] * len(piece)
+    events: list[tuple[float, dict[str, object]]] = []
+    for match in re.finditer(r"^you: (.*)\nassistant: \s*(\S)?", text, re.MULTILINE):
+        events.append((times[match.end(1)], {"segment": match.group(1)}))
+        if match.group(2) is not None:
+            events.append((times[match.start(2)], {"answer": True}))
+    return events
 
 
 def measure_live(
@@ -112,8 +145,11 @@ def measure_live(
     threads: int = 1,
     pause_s: float = 2.0,
     endpoint_silence: float | None = None,
+    assist_tokens: int | None = None,
 ) -> dict[str, object]:
-    """Play `utterances` into `edgestream transcribe -` at real time; the report."""
+    """Play `utterances` into `edgestream transcribe -` at real time (or, with
+    `assist_tokens`, into `edgestream assist -`, answers of that many tokens at most); the
+    report."""
     endpoint = endpoint_silence or StreamingOptions.silence_after_text_s
     if pause_s < endpoint + 0.3:
         raise ValueError(
@@ -121,16 +157,20 @@ def measure_live(
             f"got {pause_s}"
         )
     audio = [read_audio(u.audio) for u in utterances]
-    command = [sys.executable, "-m", "edgestream", "transcribe", "-", "--json", "--stream"]
-    command += ["--model", model, "--threads", str(threads)]
+    command = [sys.executable, "-m", "edgestream"]
+    if assist_tokens is None:
+        command += ["transcribe", "-", "--json", "--stream", "--model", model]
+    else:
+        command += ["assist", "-", "--asr-model", model, "--max-new-tokens", str(assist_tokens)]
+    command += ["--threads", str(threads)]
     if endpoint_silence is not None:
         command += ["--endpoint-silence", str(endpoint_silence)]
     process = subprocess.Popen(
         command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE
     )
     assert process.stdin is not None and process.stdout is not None
-    lines: list[tuple[float, dict[str, object]]] = []
-    reader = threading.Thread(target=read_lines, args=(process.stdout, lines))
+    chunks: list[tuple[float, bytes]] = []
+    reader = threading.Thread(target=read_output, args=(process.stdout, chunks))
     reader.start()
     try:
         played = play(process.stdin, audio, pause_s)
@@ -139,45 +179,51 @@ def measure_live(
     reader.join()
     if process.wait() != 0 or not played:
         error = process.stderr.read().decode().strip() if process.stderr else ""
-        raise RuntimeError(f"edgestream transcribe - failed: {error.splitlines()[-1:]}")
-    return {"endpoint_silence_s": endpoint, **live_report(utterances, played, lines)}
+        raise RuntimeError(f"{' '.join(command[3:5])} failed: {error.splitlines()[-1:]}")
+    events = (transcript_events if assist_tokens is None else conversation_events)(chunks)
+    return {"endpoint_silence_s": endpoint, **live_report(utterances, played, events)}
 
 
 def live_report(
     utterances: list[Utterance],
     played: list[Played],
-    lines: list[tuple[float, dict[str, object]]],
+    events: list[tuple[float, dict[str, object]]],
 ) -> dict[str, object]:
-    """Per utterance: the first segment printed after its last piece (and before the next
-    one's) and the first partial after its first piece, as delays in seconds."""
-    segments = [at for at, line in lines if "segment" in line]
-    partials = [at for at, line in lines if line.get("partial")]
+    """Per utterance, as delays in seconds: the first segment printed after its speech ended
+    (and before the next one's did), the first partial after its speech began, and the first
+    answer text after its speech ended, where there are answers."""
+    segments = [at for at, event in events if "segment" in event]
+    partials = [at for at, event in events if event.get("partial")]
+    answers = [at for at, event in events if "answer" in event]
+
+    def first(times: list[float], after: float, until: float) -> float | None:
+        found = next((at for at in times if after < at <= until), None)
+        return None if found is None else round(found - after, 3)
+
     rows = []
-    for index, (utterance, times) in enumerate(zip(utterances, played, strict=True)):
+    for index, (utterance, speech) in enumerate(zip(utterances, played, strict=True)):
         until = played[index + 1].end if index + 1 < len(played) else float("inf")
-        closed = next((at for at in segments if times.end < at <= until), None)
-        heard = next((at for at in partials if at > times.start), None)
-        rows.append(
-            {
-                "audio": str(utterance.audio),
-                "speech_s": round(times.end - times.start, 2),
-                "segment_delay_s": None if closed is None else round(closed - times.end, 3),
-                "first_words_s": None if heard is None else round(heard - times.start, 3),
-            }
-        )
-    final = lines[-1][1]
+        row: dict[str, object] = {
+            "audio": str(utterance.audio),
+            "speech_s": round(speech.end - speech.start, 2),
+            "segment_delay_s": first(segments, speech.end, until),
+            "first_words_s": first(partials, speech.start, until),
+        }
+        if answers:
+            row["answer_delay_s"] = first(answers, speech.end, until)
+        rows.append(row)
+    heard = " ".join(str(event["segment"]) for _, event in events if "segment" in event)
     reference = normalize_text(" ".join(u.text for u in utterances))
-    delays = [r["segment_delay_s"] for r in rows if r["segment_delay_s"] is not None]
-    first_words = [r["first_words_s"] for r in rows if r["first_words_s"] is not None]
-    return {
+    rtf = [event["rtf"] for _, event in events if "rtf" in event]
+    report: dict[str, object] = {
         "utterances": len(utterances),
         "segments": len(segments),
-        "wer": float(jiwer.wer(reference, normalize_text(str(final["text"])))),
-        "rtf": final["rtf"],
-        "segment_delay_s": _summary(delays),
-        "first_words_s": _summary(first_words),
-        "rows": rows,
+        "wer": float(jiwer.wer(reference, normalize_text(heard))),
+        "rtf": rtf[-1] if rtf else None,
     }
+    for key in ("segment_delay_s", "first_words_s", "answer_delay_s"):
+        report[key] = _summary([r[key] for r in rows if r.get(key) is not None])
+    return {**report, "rows": rows}
 
 
 def _summary(values: list[float]) -> dict[str, float | int] | None:

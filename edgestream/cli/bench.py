@@ -663,6 +663,14 @@ def bench_live_command(
     pause: Annotated[float, typer.Option(help="Seconds of silence after each utterance.")] = 2.0,
     threads: Annotated[int, typer.Option(min=1, help="The recognizer's CPU threads.")] = 1,
     endpoint_silence: EndpointSilence = None,
+    assist_tokens: Annotated[
+        int | None,
+        typer.Option(
+            min=1,
+            help="Play into `assist -` instead, answers of at most this many tokens, and time "
+            "when each answer's text begins (leave --pause room for the answer).",
+        ),
+    ] = None,
     json_path: JsonReport = None,
 ) -> None:
     """Delays of live transcription: utterances played at real time into `transcribe -`."""
@@ -674,22 +682,24 @@ def bench_live_command(
     utterances = read_bench_manifest(manifest, limit)
     seconds = sum(u.audio.stat().st_size for u in utterances) / 32_000 + limit * pause
     with stderr.status(f"playing about {seconds + 5:.0f} s of audio at real time"):
-        report = measure_live(utterances, model, threads, pause, endpoint_silence)
+        report = measure_live(utterances, model, threads, pause, endpoint_silence, assist_tokens)
     table = Table(title=f"Live transcription of {manifest} through a pipe ({threads} thread(s))")
     for column in ("delay", "mean s", "median s", "max s", "utterances"):
         table.add_column(column)
     rows = (
         ("segment printed, after the speech ends", "segment_delay_s"),
         ("first words shown, after it starts", "first_words_s"),
+        ("answer begins, after the speech ends", "answer_delay_s"),
     )
     for name, key in rows:
         row = report[key]
         if row is not None:
             numbers = (f"{row[k]:.2f}" for k in ("mean", "median", "max"))
             table.add_row(name, *numbers, str(row["count"]))
+    rtf = "" if report["rtf"] is None else f"; RTF {report['rtf']:.3f}"
     table.caption = (
         f"{report['segments']} segments for {report['utterances']} utterances; "
-        f"WER {report['wer']:.2%}; RTF {report['rtf']:.3f}"
+        f"WER {report['wer']:.2%}{rtf}"
     )
     show_report(table, report, json_path)
 

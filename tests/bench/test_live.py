@@ -11,7 +11,13 @@ import soundfile as sf
 from typer.testing import CliRunner
 
 from edgestream.bench.asr import Utterance
-from edgestream.bench.live import Played, live_report, wav_stream_header
+from edgestream.bench.live import (
+    Played,
+    conversation_events,
+    live_report,
+    transcript_events,
+    wav_stream_header,
+)
 from edgestream.cli import app
 from tests.asr.conftest import SAMPLE
 
@@ -42,6 +48,33 @@ def test_each_utterance_gets_the_first_segment_after_it_and_before_the_next(
     assert [r["first_words_s"] for r in report["rows"]] == [0.5, 0.8]
     assert report["segments"] == 3 and report["wer"] == pytest.approx(0.5)
     assert report["segment_delay_s"]["max"] == 1.4
+
+
+def test_output_pieces_become_events_at_the_time_their_line_ends() -> None:
+    lines = b'{"audio": "-", "partial": "wh"}\n{"audio": "-", "segment": "why"}\n'
+    chunks = [(1.0, lines[:10]), (2.0, lines[10:40]), (3.0, lines[40:])]
+    assert transcript_events(chunks) == [
+        (2.0, {"audio": "-", "partial": "wh"}),
+        (3.0, {"audio": "-", "segment": "why"}),
+    ]
+    talk = "you: why is the sky blue\nassistant: The sky\n\nis blue. \u00e9\nyou: and the sea\n"
+    raw = talk.encode() + b"assistant:  It"
+    cut = raw.index("\u00e9".encode()) + 1  # a character split between two reads
+    chunks = [(1.0, raw[:24]), (1.5, raw[24:40]), (2.0, raw[40:cut]), (3.0, raw[cut:])]
+    assert conversation_events(chunks) == [
+        (1.5, {"segment": "why is the sky blue"}),
+        (1.5, {"answer": True}),
+        (3.0, {"segment": "and the sea"}),
+        (3.0, {"answer": True}),
+    ]
+
+
+def test_answer_delays_are_reported_where_there_are_answers(tmp_path: Path) -> None:
+    utterances = [Utterance(tmp_path / "0.wav", "why", "all")]
+    events = [(12.0, {"segment": "why"}), (12.7, {"answer": True})]
+    report = live_report(utterances, [Played(10.0, 11.0)], events)
+    assert report["rows"][0]["answer_delay_s"] == 1.7 and report["rtf"] is None
+    assert report["wer"] == 0.0 and report["answer_delay_s"]["mean"] == 1.7
 
 
 def test_the_bundled_model_live(tmp_path: Path) -> None:
