@@ -175,6 +175,9 @@ def test_misuse_is_refused(random_model: Path) -> None:
         recognizer.accept_waveform(np.zeros(10, np.float32))
     with pytest.raises(ValueError, match="chunk"):
         StreamingOptions(chunk_ms=100)
+    for name in ("silence_before_text_s", "silence_after_text_s", "max_segment_s"):
+        with pytest.raises(ValueError, match=f"expected {name} > 0 seconds"):
+            StreamingOptions(**{name: 0.0})
 
 
 class _PickLast:

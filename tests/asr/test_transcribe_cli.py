@@ -111,6 +111,8 @@ def test_cli_refuses_an_unknown_model_and_bad_options(tiny_corpus: Path, tmp_pat
     assert chunk.exit_code == 2 and "chunk" in chunk.stderr
     missing_lm = runner.invoke(app, ["transcribe", audio, "--lm", str(tmp_path / "no.arpa")])
     assert missing_lm.exit_code == 2 and "no.arpa does not exist" in missing_lm.stderr
+    endpoint = runner.invoke(app, ["transcribe", audio, "--endpoint-silence", "0"])
+    assert endpoint.exit_code == 2 and "--endpoint-silence must be positive" in endpoint.stderr
 
 
 def test_cli_language_model_choices(random_model: Path, tiny_corpus: Path, tmp_path: Path) -> None:
