@@ -70,7 +70,6 @@ def transcribe_file(
     recognizer = Recognizer(asr, options)
     stats = AudioStats(0, 0)
     processing, first_partial_ms, shown, emitted = 0.0, None, "", 0
-    interrupted = False
 
     def report_progress() -> None:
         nonlocal shown, emitted
@@ -99,7 +98,6 @@ def transcribe_file(
                 first_partial_ms = 1000 * (recognizer.seconds + spent)
             report_progress()
         if stop is not None and stop.is_set():
-            interrupted = True
             break
     began = time.perf_counter()
     text = recognizer.finalize()
@@ -123,7 +121,7 @@ def transcribe_file(
         first_partial_ms,
         (*recognizer.segments, *([recognizer.partial] if recognizer.partial else [])),
         tuple(warnings),
-        interrupted,
+        interrupted=stop is not None and stop.is_set(),
     )
 
 

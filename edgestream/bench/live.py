@@ -146,6 +146,7 @@ def measure_live(
     pause_s: float = 2.0,
     endpoint_silence: float | None = None,
     assist_tokens: int | None = None,
+    chunk_ms: int = StreamingOptions.chunk_ms,
 ) -> dict[str, object]:
     """Play `utterances` into `edgestream transcribe -` at real time (or, with
     `assist_tokens`, into `edgestream assist -`, answers of that many tokens at most); the
@@ -162,7 +163,7 @@ def measure_live(
         command += ["transcribe", "-", "--json", "--stream", "--model", model]
     else:
         command += ["assist", "-", "--asr-model", model, "--max-new-tokens", str(assist_tokens)]
-    command += ["--threads", str(threads)]
+    command += ["--threads", str(threads), "--chunk-ms", str(chunk_ms)]
     if endpoint_silence is not None:
         command += ["--endpoint-silence", str(endpoint_silence)]
     process = subprocess.Popen(
@@ -181,7 +182,8 @@ def measure_live(
         error = process.stderr.read().decode().strip() if process.stderr else ""
         raise RuntimeError(f"{' '.join(command[3:5])} failed: {error.splitlines()[-1:]}")
     events = (transcript_events if assist_tokens is None else conversation_events)(chunks)
-    return {"endpoint_silence_s": endpoint, **live_report(utterances, played, events)}
+    report = live_report(utterances, played, events)
+    return {"chunk_ms": chunk_ms, "endpoint_silence_s": endpoint, **report}
 
 
 def live_report(

@@ -255,7 +255,7 @@ def transcribe(
     except (ValueError, FileNotFoundError) as err:
         print(f"error: {str(err).splitlines()[0]}", file=sys.stderr)
         raise typer.Exit(2) from None
-    failed = interrupted = False
+    failed = False
     for path in audio:  # a bad file is reported and skipped; the others are still transcribed
         try:
             result = _transcribe_one(asr, path, options, stream, json_output, len(audio) > 1)
@@ -270,10 +270,7 @@ def transcribe(
         elif str(path) != STDIN:  # a live stream's segments are printed already
             print(f"{path}: {result.text}" if len(audio) > 1 else result.text, flush=True)
         if result.interrupted:
-            interrupted = True
-            break
-    if interrupted:
-        raise typer.Exit(130)  # as a shell reports an interrupted command
+            raise typer.Exit(130)  # as a shell reports an interrupted command
     if failed:
         raise typer.Exit(2)
 

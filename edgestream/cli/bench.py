@@ -661,6 +661,7 @@ def bench_live_command(
     model: AsrModelName = "default",
     limit: Annotated[int, typer.Option(min=1, help="Utterances, evenly spaced.")] = 8,
     pause: Annotated[float, typer.Option(help="Seconds of silence after each utterance.")] = 2.0,
+    chunk_ms: ChunkMs = 640,
     threads: Annotated[int, typer.Option(min=1, help="The recognizer's CPU threads.")] = 1,
     endpoint_silence: EndpointSilence = None,
     assist_tokens: Annotated[
@@ -682,8 +683,13 @@ def bench_live_command(
     utterances = read_bench_manifest(manifest, limit)
     seconds = sum(u.audio.stat().st_size for u in utterances) / 32_000 + limit * pause
     with stderr.status(f"playing about {seconds + 5:.0f} s of audio at real time"):
-        report = measure_live(utterances, model, threads, pause, endpoint_silence, assist_tokens)
-    table = Table(title=f"Live transcription of {manifest} through a pipe ({threads} thread(s))")
+        report = measure_live(
+            utterances, model, threads, pause, endpoint_silence, assist_tokens, chunk_ms
+        )
+    table = Table(
+        title=f"Live transcription of {manifest} through a pipe ({chunk_ms} ms chunks, "
+        f"{threads} thread(s))"
+    )
     for column in ("delay", "mean s", "median s", "max s", "utterances"):
         table.add_column(column)
     rows = (
