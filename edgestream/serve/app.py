@@ -5,7 +5,8 @@ Endpoints (all behind the bearer token when one is set; see `_authorized`):
 - `GET /`: the page (microphone -> 16 kHz PCM16 in an AudioWorklet -> /ws/transcribe, then the
   answer from /api/generate as it streams).
 - `WS /ws/transcribe`: binary messages are 16 kHz mono PCM16 little-endian audio; the text
-  message `{"type": "end"}` ends an utterance. The server sends `ready`, `partial`, `final` and
+  message `{"type": "end"}` ends an utterance. The server sends `ready`, `partial`, `segment`
+  (each stretch of speech once an endpoint, or the utterance's end, closes it), `final` and
   `error` messages (JSON). After a final the same connection can carry the next utterance.
 - `POST /api/generate`: `{"prompt", "method", "max_new_tokens"}` -> `text/event-stream` of
   `token` events (text deltas) and one `done` event (speed) or `error` event.
@@ -243,7 +244,14 @@ async def _transcribe_stream(
             "max_message_bytes": settings.max_message_bytes,
         }
     )
-    recognizer, shown, processing = assistant.recognizer(), "", 0.0
+    recognizer, shown, processing, sent_segments = assistant.recognizer(), "", 0.0, 0
+
+    async def send_segments(closed: list[str]) -> None:
+        nonlocal sent_segments
+        for segment in closed[sent_segments:]:
+            await websocket.send_json({"type": "segment", "text": segment})
+        sent_segments = len(closed)
+
     while True:
         message = await websocket.receive()
         if message["type"] == "websocket.disconnect":
@@ -265,6 +273,7 @@ async def _transcribe_stream(
             began = time.perf_counter()
             await loop.run_in_executor(pool, recognizer.accept_waveform, samples)
             processing += time.perf_counter() - began
+            await send_segments(recognizer.segments)
             if recognizer.text != shown:
                 shown = recognizer.text
                 await websocket.send_json({"type": "partial", "text": shown})
@@ -281,6 +290,8 @@ async def _transcribe_stream(
         began = time.perf_counter()
         final = await loop.run_in_executor(pool, recognizer.finalize)
         processing += time.perf_counter() - began
+        # the utterance's end closes its last segment
+        await send_segments([*recognizer.segments, *filter(None, [recognizer.partial])])
         seconds = recognizer.seconds
         await websocket.send_json(
             {
@@ -290,7 +301,7 @@ async def _transcribe_stream(
                 "rtf": round(processing / seconds, 4) if seconds else 0.0,
             }
         )
-        recognizer, shown, processing = assistant.recognizer(), "", 0.0
+        recognizer, shown, processing, sent_segments = assistant.recognizer(), "", 0.0, 0
 
 
 def run_server(assistant: Assistant, settings: ServerSettings, host: str, port: int) -> None:

@@ -10,11 +10,13 @@ from collections.abc import Callable
 from pathlib import Path
 
 import httpx
+import numpy as np
 import pytest
+import soundfile as sf
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
-from edgestream.asr.transcribe import transcribe_samples
+from edgestream.asr.transcribe import transcribe_file, transcribe_samples
 from edgestream.serve.app import ServerSettings
 from tests.serve.conftest import pcm16_pieces, samples_of
 
@@ -26,8 +28,11 @@ def _reference(assistant: object, clip: Path) -> str:
     return transcribe_samples(assistant.asr, samples_of(clip), assistant.streaming)
 
 
-async def _transcribe(address: str, clip: Path, query: str = "") -> tuple[list[dict], dict]:
-    """Stream a clip as a client would; returns (partials, final)."""
+async def _transcribe(
+    address: str, clip: Path, query: str = "", segments: list[str] | None = None
+) -> tuple[list[dict], dict]:
+    """Stream a clip as a client would; returns (partials, final), and collects the segments
+    in `segments` where given."""
     async with connect(f"ws://{address}/ws/transcribe{query}") as ws:
         ready = json.loads(await ws.recv())
         assert ready["type"] == "ready" and ready["sample_rate"] == 16_000
@@ -38,8 +43,12 @@ async def _transcribe(address: str, clip: Path, query: str = "") -> tuple[list[d
                 message = json.loads(await ws.recv())
                 if message["type"] == "final":
                     return message
-                assert message["type"] == "partial", message
-                partials.append(message)
+                if message["type"] == "segment" and segments is not None:
+                    segments.append(message["text"])
+                    continue
+                assert message["type"] in ("partial", "segment"), message
+                if message["type"] == "partial":
+                    partials.append(message)
 
         reader = asyncio.create_task(read_until_final())
         for piece in pcm16_pieces(clip):
@@ -82,6 +91,26 @@ def test_one_stream_gets_partials_and_the_offline_text(
     assert final["duration"] == pytest.approx(len(samples_of(clip)) / 16_000, abs=1e-3)
     assert partials, "expected partial results before the final one"
     assert final["text"].startswith(partials[-1]["text"].split()[0])
+
+
+def test_each_stretch_of_speech_is_sent_once_as_a_segment(
+    server: str, assistant: object, spoken_questions: list[Path], tmp_path: Path
+) -> None:
+    # Two questions 1.5 s apart: an endpoint closes the first, the end of audio the second.
+    pause = np.zeros(24_000, np.float32)
+    both = tmp_path / "both.wav"
+    sf.write(
+        both,
+        np.concatenate([samples_of(spoken_questions[2]), pause, samples_of(spoken_questions[3])]),
+        16_000,
+        subtype="PCM_16",
+    )
+    expected: list[str] = []
+    transcribe_file(assistant.asr, both, assistant.streaming, on_segment=expected.append)
+    segments: list[str] = []
+    _, final = asyncio.run(_transcribe(server, both, segments=segments))
+    assert len(expected) == 2 and segments == expected
+    assert final["text"] == " ".join(segments)
 
 
 def test_eight_concurrent_streams_each_get_their_own_text(

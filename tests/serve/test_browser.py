@@ -83,3 +83,29 @@ def test_speak_see_the_transcript_then_the_answer(
     assert "error" not in status.get_attribute("class"), status.text
     assert "real time" in status.text
     assert not [entry for entry in logs if entry["level"] == "SEVERE"], logs
+
+
+def test_hands_free_each_question_is_answered_when_the_speaker_pauses(
+    browser: object, serve: Callable[..., object], assistant: object
+) -> None:
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    def text_of(element_id: str) -> str:
+        return browser.find_element(By.ID, element_id).text.strip()
+
+    with serve(assistant, ServerSettings(token=TOKEN)) as address:
+        browser.get(f"http://{address}/?token={TOKEN}")
+        browser.find_element(By.ID, "handsfree").click()
+        browser.find_element(By.ID, "start").click()
+        # No Stop: the fake microphone goes silent after the question, the endpoint closes
+        # the segment, and the page answers it while the microphone stays open.
+        WebDriverWait(browser, 60).until(lambda _: "tokens/s" in text_of("speed"))
+        question, answer = text_of("question"), text_of("answer")
+        still_listening = browser.find_element(By.ID, "stop").is_enabled()
+        browser.find_element(By.ID, "stop").click()
+        logs = browser.get_log("browser")
+    assert question.startswith("why"), question
+    assert answer == assistant.answer(question, "ss").text.strip()
+    assert still_listening
+    assert not [entry for entry in logs if entry["level"] == "SEVERE"], logs

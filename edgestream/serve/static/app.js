@@ -1,11 +1,14 @@
 // The page: microphone -> AudioWorklet (16 kHz PCM16) -> /ws/transcribe; on stop, the final
-// transcript goes to /api/generate and the answer streams in as server-sent events.
+// transcript goes to /api/generate and the answer streams in as server-sent events. Hands-free,
+// each segment (speech the server has seen end in a pause) is answered as it comes, and the
+// microphone stays open until Stop.
 const token = new URLSearchParams(location.search).get("token");
 const withToken = (path) => (token ? `${path}${path.includes("?") ? "&" : "?"}token=${encodeURIComponent(token)}` : path);
 
 const $ = (id) => document.getElementById(id);
 const startButton = $("start"), stopButton = $("stop");
 let session = null; // {context, stream, node, socket}
+let answering = Promise.resolve(); // hands-free answers, one after another
 
 function status(text, isError = false) {
   $("status").textContent = text;
@@ -14,7 +17,7 @@ function status(text, isError = false) {
 
 async function start() {
   startButton.disabled = true;
-  $("transcript").textContent = ""; $("answer").textContent = ""; $("speed").textContent = "";
+  $("transcript").textContent = ""; $("question").textContent = ""; $("answer").textContent = ""; $("speed").textContent = "";
   try {
     const stream = await navigator.mediaDevices.getUserMedia({ audio: { channelCount: 1 } });
     const context = new AudioContext();
@@ -35,7 +38,7 @@ async function start() {
     source.connect(node);
     session = { context, stream, node, socket };
     stopButton.disabled = false;
-    status("Listening… speak, then press Stop.");
+    status($("handsfree").checked ? "Listening… ask, then pause: each question is answered. Stop ends." : "Listening… speak, then press Stop.");
   } catch (error) {
     status(`error: ${error.message}`, true);
     startButton.disabled = false;
@@ -52,18 +55,22 @@ function stop() {
 
 function onTranscript(message) {
   const box = $("transcript");
+  const handsFree = $("handsfree").checked;
   if (message.type === "partial") { box.textContent = message.text; box.className = "partial"; }
+  else if (message.type === "segment") { if (handsFree) answering = answering.then(() => answer(message.text)); }
   else if (message.type === "final") {
     box.textContent = message.text; box.className = "";
     const { context, socket } = session; session = null;
     socket.close(1000); context.close();
     startButton.disabled = false;
     status(`Heard ${message.duration.toFixed(1)} s of speech, recognised at ${message.rtf.toFixed(3)}x real time.`);
-    if (message.text.trim()) answer(message.text); else status("No speech recognised: try again.", true);
+    if (!message.text.trim()) status("No speech recognised: try again.", true);
+    else if (!handsFree) answer(message.text); // hands-free, its segments were answered already
   } else if (message.type === "error") status(`error: ${message.message}`, true);
 }
 
 async function answer(prompt) {
+  $("question").textContent = prompt; $("answer").textContent = ""; $("speed").textContent = "";
   const method = $("method").value;
   const headers = { "Content-Type": "application/json" };
   if (token) headers.Authorization = `Bearer ${token}`;
