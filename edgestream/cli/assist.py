@@ -207,6 +207,7 @@ def serve(
     lm: LmName = "default",
     rescore: AssistRescore = True,
     rescore_adapter: AssistRescoreAdapter = "none",
+    endpoint_silence: EndpointSilence = None,
     threads: Annotated[int | None, typer.Option(help="CPU threads (default: PyTorch's).")] = None,
 ) -> None:
     """Serve the voice assistant: a web page, streaming transcription and answers."""
@@ -226,7 +227,7 @@ def serve(
         asr_model=asr_model,
         llm=llm,
         streams_path=streams,
-        streaming=streaming_options(640, 4, None, lm),
+        streaming=streaming_options(640, 4, None, lm, endpoint_silence=endpoint_silence),
         max_new_tokens=max_new_tokens,
         rescore=rescore,
         rescore_adapter=rescore_adapter,

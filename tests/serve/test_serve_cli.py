@@ -55,6 +55,7 @@ def test_serve_starts_answers_health_and_stops(tiny_model_dir: Path) -> None:
         (["--token", " "], "--token is empty"),
         (["--max-streams", "0"], "--max-streams must be at least 1"),
         (["--llm", "no-such-model"], "unknown model"),
+        (["--endpoint-silence", "-1"], "--endpoint-silence must be positive"),
     ],
 )
 def test_serve_refuses_bad_options(args: list[str], message: str) -> None:
