@@ -25,6 +25,9 @@ import soxr
 SAMPLE_RATE = 16_000
 STDIN = "-"  # as a path: the audio arrives on standard input
 PIPE_EXAMPLE = "arecord -f S16_LE -r 16000 | edgestream transcribe -"
+# What libsndfile decodes correctly from a pipe, checked one by one; MP3 opens but decodes
+# into noise there, and FLAC does not open.
+PIPE_FORMATS = ("WAV", "WAVEX", "RF64", "W64", "AU", "OGG")
 CLIP_LEVEL = 0.999  # samples at or above this magnitude count as clipped
 
 
@@ -100,6 +103,12 @@ def open_stdin() -> sf.SoundFile:
             f"standard input: not an audio stream ({error.error_string}); pipe WAV into it "
             f"(arecord, `sox ... -t wav -`, `ffmpeg ... -f wav -`), e.g. {PIPE_EXAMPLE}"
         ) from None
+    if handle.format not in PIPE_FORMATS:
+        handle.close()
+        raise AudioError(
+            f"standard input: {handle.format} cannot be decoded from a pipe (libsndfile "
+            f"decodes it wrongly there); pipe WAV or OGG, or give the file's path"
+        )
     if handle.frames == 0:
         handle.close()
         # A writer that cannot seek back must say "length unknown" (0xFFFFFFFF), as arecord,

@@ -118,6 +118,16 @@ def test_bad_standard_input_is_refused_with_the_reason(
         read_audio("-")
 
 
+def test_mp3_on_standard_input_is_refused_not_decoded_into_noise(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    buffer = io.BytesIO()
+    sf.write(buffer, _tone(1.0, 16_000), 16_000, format="MP3")
+    _stdin_holding(monkeypatch, buffer.getvalue())
+    with pytest.raises(AudioError, match="MP3 cannot be decoded from a pipe"):
+        read_audio("-")
+
+
 def test_a_wav_stream_whose_header_claims_no_samples_is_refused(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -57,6 +57,12 @@ def browser(tmp_path: Path) -> Iterator[object]:
         driver.quit()
 
 
+def _text_of(browser: object, element_id: str) -> str:
+    from selenium.webdriver.common.by import By
+
+    return browser.find_element(By.ID, element_id).text.strip()
+
+
 def test_speak_see_the_transcript_then_the_answer(
     browser: object, serve: Callable[..., object], assistant: object
 ) -> None:
@@ -64,7 +70,7 @@ def test_speak_see_the_transcript_then_the_answer(
     from selenium.webdriver.support.ui import WebDriverWait
 
     def text_of(element_id: str) -> str:
-        return browser.find_element(By.ID, element_id).text.strip()
+        return _text_of(browser, element_id)
 
     with serve(assistant, ServerSettings(token=TOKEN)) as address:
         browser.get(f"http://{address}/?token={TOKEN}")
@@ -91,17 +97,14 @@ def test_hands_free_each_question_is_answered_when_the_speaker_pauses(
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
 
-    def text_of(element_id: str) -> str:
-        return browser.find_element(By.ID, element_id).text.strip()
-
     with serve(assistant, ServerSettings(token=TOKEN)) as address:
         browser.get(f"http://{address}/?token={TOKEN}")
-        browser.find_element(By.ID, "handsfree").click()
-        browser.find_element(By.ID, "start").click()
+        for button in ("handsfree", "start"):
+            browser.find_element(By.ID, button).click()
         # No Stop: the fake microphone goes silent after the question, the endpoint closes
         # the segment, and the page answers it while the microphone stays open.
-        WebDriverWait(browser, 60).until(lambda _: "tokens/s" in text_of("speed"))
-        question, answer = text_of("question"), text_of("answer")
+        WebDriverWait(browser, 60).until(lambda _: "tokens/s" in _text_of(browser, "speed"))
+        question, answer = _text_of(browser, "question"), _text_of(browser, "answer")
         still_listening = browser.find_element(By.ID, "stop").is_enabled()
         browser.find_element(By.ID, "stop").click()
         logs = browser.get_log("browser")
