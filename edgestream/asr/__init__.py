@@ -23,25 +23,34 @@ _EXPORTS = {
     "Recognizer": "edgestream.asr.streaming",
     "StreamingOptions": "edgestream.asr.streaming",
     "recommended_options": "edgestream.asr.streaming",
+    "Segment": "edgestream.asr.streaming",
     "read_audio": "edgestream.asr.audio",
     "AudioError": "edgestream.asr.audio",
     "SAMPLE_RATE": "edgestream.asr.audio",
     "transcribe_file": "edgestream.asr.transcribe",
+    "interrupt_stops": "edgestream.asr.transcribe",
     "Transcript": "edgestream.asr.transcribe",
 }
 
 if TYPE_CHECKING:
     from edgestream.asr.audio import SAMPLE_RATE, AudioError, read_audio
     from edgestream.asr.backends import load_streaming_model
-    from edgestream.asr.streaming import Recognizer, StreamingOptions, recommended_options
-    from edgestream.asr.transcribe import Transcript, transcribe_file
+    from edgestream.asr.streaming import (
+        Recognizer,
+        Segment,
+        StreamingOptions,
+        recommended_options,
+    )
+    from edgestream.asr.transcribe import Transcript, interrupt_stops, transcribe_file
 
 __all__ = [
     "SAMPLE_RATE",
     "AudioError",
     "Recognizer",
+    "Segment",
     "StreamingOptions",
     "Transcript",
+    "interrupt_stops",
     "load_streaming_model",
     "read_audio",
     "recommended_options",

@@ -159,6 +159,24 @@ class StreamingModel(Protocol):
         ...
 
 
+@dataclass(frozen=True)
+class Segment:
+    """A closed stretch of speech: its text, and where in the audio it was heard, in seconds:
+    the centres of its first and last encoder frames whose best token is not blank. CTC's
+    spikes sit within a frame or two (40-80 ms) of the words' edges."""
+
+    text: str
+    start_s: float
+    end_s: float
+
+
+def _frame_centre_s(frame: int) -> float:
+    """The middle of the audio that encoder frame `frame` reads (fbank frames 4i..4i+6)."""
+    first_sample = SUBSAMPLING_FACTOR * frame * HOP_SAMPLES
+    last_sample = (SUBSAMPLING_FACTOR * frame + SUBSAMPLING_CONTEXT - 1) * HOP_SAMPLES
+    return (first_sample + last_sample + WINDOW_SAMPLES) / 2 / SAMPLE_RATE
+
+
 class Recognizer:
     """One audio stream. Feed `accept_waveform`, read `text` (partial), end with `finalize`."""
 
@@ -170,6 +188,8 @@ class Recognizer:
         self._encoded = 0  # encoder frames computed so far
         self._encoder = asr.chunk_encoder(options.left_chunks * options.chunk_frames)
         self.segments: list[str] = []  # texts of the segments closed by endpoints
+        self.segment_spans: list[tuple[float, float]] = []  # where each was heard, in seconds
+        self._heard: tuple[int, int] | None = None  # the open segment's first, last token frame
         self._decoder = self._new_decoder()
         self._silent_frames = 0
         self._segment_frames = 0
@@ -202,6 +222,23 @@ class Recognizer:
         if self._closed_text is not None:
             return self._closed_text
         return self.asr.vocabulary.decode(self._decoder.ids)
+
+    @property
+    def partial_segment(self) -> Segment | None:
+        """The open segment (after `finalize`, the last one) with where it was heard so far;
+        None while it holds no text."""
+        text = self.partial
+        return Segment(text, *self._heard_span()) if text else None
+
+    def segment(self, index: int) -> Segment:
+        """Closed segment `index`, with where it was heard."""
+        return Segment(self.segments[index], *self.segment_spans[index])
+
+    def _heard_span(self) -> tuple[float, float]:
+        """Where the open segment's tokens were heard, in seconds (beam search may find text
+        where no frame's best token is one: then the last frame)."""
+        first, last = self._heard or (max(0, self._encoded - 1),) * 2
+        return _frame_centre_s(first), _frame_centre_s(last)
 
     @property
     def text(self) -> str:
@@ -287,7 +324,12 @@ class Recognizer:
                 self._endpoint()
             self._decoder.advance(frame)
             self._segment_frames += 1
-            self._silent_frames = self._silent_frames + 1 if frame[0].argmax() == BLANK else 0
+            if frame[0].argmax() == BLANK:
+                self._silent_frames += 1
+            else:
+                self._silent_frames = 0
+                at = first + start
+                self._heard = (at, at) if self._heard is None else (self._heard[0], at)
             silence_s, segment_s = self._silent_frames * frame_s, self._segment_frames * frame_s
             if self._vad is not None:
                 silence_s = self._vad_silence_s(first + start)
@@ -319,6 +361,8 @@ class Recognizer:
         current = self._segment_text()
         if current:
             self.segments.append(current)
+            self.segment_spans.append(self._heard_span())
+        self._heard = None
         self._decoder = self._new_decoder()
         self._silent_frames = self._segment_frames = 0
         self._speech_end = self._vad_time  # VAD silence counts again from here

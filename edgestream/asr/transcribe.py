@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from edgestream.asr.audio import STDIN, AudioStats, stream_audio
-from edgestream.asr.streaming import Recognizer, StreamingModel, StreamingOptions
+from edgestream.asr.streaming import Recognizer, Segment, StreamingModel, StreamingOptions
 
 PIECE_SECONDS = 0.1
 
@@ -53,13 +53,14 @@ def transcribe_file(
     path: str | Path,
     options: StreamingOptions = StreamingOptions(),
     on_partial: Callable[[str], None] | None = None,
-    on_segment: Callable[[str], None] | None = None,
+    on_segment: Callable[[Segment], None] | None = None,
     stop: threading.Event | None = None,
 ) -> Transcript:
     """Stream `path` (`-`: standard input, until it ends) through a fresh recognizer.
 
     Without `on_segment`, `on_partial` gets the whole text so far. With it, each segment goes
-    to `on_segment` once, as an endpoint closes it (the last one at the end), and `on_partial`
+    to `on_segment` once, with where it was heard, as an endpoint closes it (the last one at
+    the end), and `on_partial`
     gets only the open segment's text: a live display then never repeats what it has
     printed, however long the stream. `stop` ends the stream early, between pieces, and the
     text recognised so far is finalized as if the audio had ended there.
@@ -74,8 +75,8 @@ def transcribe_file(
     def report_progress() -> None:
         nonlocal shown, emitted
         if on_segment is not None:
-            for segment in recognizer.segments[emitted:]:
-                on_segment(segment)
+            for index in range(emitted, len(recognizer.segments)):
+                on_segment(recognizer.segment(index))
             emitted = len(recognizer.segments)
         text = recognizer.text if on_segment is None else recognizer.partial
         if text != shown:
@@ -105,8 +106,9 @@ def transcribe_file(
     if first_partial_ms is None and text:
         first_partial_ms = 1000 * (recognizer.seconds + time.perf_counter() - began)
     report_progress()  # the flushed last chunk may have added words
-    if on_segment is not None and recognizer.partial:
-        on_segment(recognizer.partial)
+    last = recognizer.partial_segment
+    if on_segment is not None and last is not None:
+        on_segment(last)
     warnings = []
     if stats.clipped_fraction > 0.001:
         warnings.append(f"{stats.clipped_fraction:.1%} of the samples are clipped")

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from edgestream.asr.audio import SAMPLE_RATE
 from edgestream.asr.model_io import AsrModel, load_model
-from edgestream.asr.streaming import Recognizer, StreamingOptions, recommended_options
+from edgestream.asr.streaming import Recognizer, Segment, StreamingOptions, recommended_options
 from edgestream.asr.transcribe import Transcript, transcribe_file
 from edgestream.assist.rescore import LlmRescorer, load_rescorer
 from edgestream.llm.engine import GenerationResult, TokenCallback
@@ -37,6 +37,7 @@ __all__ = [
     "Answer",
     "Assistant",
     "AssistantConfig",
+    "Segment",
 ]
 
 # What the assistant offers. Prompt lookup alone has little to copy from a spoken question,
@@ -138,7 +139,7 @@ class Assistant:
         self,
         path: str | Path,
         on_partial: Callable[[str], None] | None = None,
-        on_segment: Callable[[str], None] | None = None,
+        on_segment: Callable[[Segment], None] | None = None,
         stop: threading.Event | None = None,
     ) -> Transcript:
         """`path` (`-`: a live stream on standard input) through a fresh recognizer; see

@@ -61,10 +61,12 @@ def wav_stream_header(rate: int = SAMPLE_RATE) -> bytes:
 @dataclass
 class Played:
     """Wall-clock times (time.monotonic) at which the pieces holding an utterance's first and
-    last speech samples were written into the pipe."""
+    last speech samples were written into the pipe, and where those samples are in the
+    stream, in seconds of audio."""
 
     start: float = 0.0
     end: float = 0.0
+    speech_at: tuple[float, float] = (0.0, 0.0)
 
 
 def speech_bounds(samples: np.ndarray, vad: SileroVad) -> tuple[int, int]:
@@ -89,7 +91,15 @@ def play(pipe: IO[bytes], utterances: list[np.ndarray], pause_s: float) -> list[
     parts = [(None, lead_in)] + [
         part for i, u in enumerate(utterances) for part in ((i, u), (None, pause))
     ]
+    written = 0  # samples
     for index, samples in parts:
+        if index is not None:
+            first, last = bounds[index]
+            played[index].speech_at = (
+                (written + first) / SAMPLE_RATE,
+                (written + last) / SAMPLE_RATE,
+            )
+        written += len(samples)
         pcm = (np.clip(samples, -1, 1) * 32767).astype("<i2")
         for start in range(0, len(pcm), PIECE_SAMPLES):
             time.sleep(max(0.0, due - time.monotonic()))
@@ -194,7 +204,7 @@ def live_report(
     """Per utterance, as delays in seconds: the first segment printed after its speech ended
     (and before the next one's did), the first partial after its speech began, and the first
     answer text after its speech ended, where there are answers."""
-    segments = [at for at, event in events if "segment" in event]
+    segments = [(at, event) for at, event in events if "segment" in event]
     partials = [at for at, event in events if event.get("partial")]
     answers = [at for at, event in events if "answer" in event]
 
@@ -202,14 +212,26 @@ def live_report(
         found = next((at for at in times if after < at <= until), None)
         return None if found is None else round(found - after, 3)
 
+    def heard_offsets(speech: Played, until: float) -> dict[str, float]:
+        """Where the recognizer says the utterance's segment was heard, against where its
+        speech is (seconds; positive: later), when the segment says (transcribe's JSON)."""
+        found = next((e for at, e in segments if speech.end < at <= until and "start" in e), None)
+        if found is None:
+            return {}
+        return {
+            "start_offset_s": round(float(found["start"]) - speech.speech_at[0], 3),
+            "end_offset_s": round(float(found["end"]) - speech.speech_at[1], 3),
+        }
+
     rows = []
     for index, (utterance, speech) in enumerate(zip(utterances, played, strict=True)):
         until = played[index + 1].end if index + 1 < len(played) else float("inf")
         row: dict[str, object] = {
             "audio": str(utterance.audio),
             "speech_s": round(speech.end - speech.start, 2),
-            "segment_delay_s": first(segments, speech.end, until),
+            "segment_delay_s": first([at for at, _ in segments], speech.end, until),
             "first_words_s": first(partials, speech.start, until),
+            **heard_offsets(speech, until),
         }
         if answers:
             row["answer_delay_s"] = first(answers, speech.end, until)
@@ -223,7 +245,8 @@ def live_report(
         "wer": float(jiwer.wer(reference, normalize_text(heard))),
         "rtf": rtf[-1] if rtf else None,
     }
-    for key in ("segment_delay_s", "first_words_s", "answer_delay_s"):
+    keys = ("segment_delay_s", "first_words_s", "answer_delay_s", "start_offset_s", "end_offset_s")
+    for key in keys:
         report[key] = _summary([r[key] for r in rows if r.get(key) is not None])
     return {**report, "rows": rows}
 
@@ -234,6 +257,7 @@ def _summary(values: list[float]) -> dict[str, float | int] | None:
     return {
         "mean": round(statistics.fmean(values), 3),
         "median": round(statistics.median(values), 3),
+        "min": round(min(values), 3),
         "max": round(max(values), 3),
         "count": len(values),
     }

@@ -25,6 +25,7 @@ from edgestream.cli.common import (
     app,
     asr_app,
     export_app,
+    segment_json,
     set_threads,
     stderr,
     streaming_options,
@@ -34,7 +35,7 @@ from edgestream.cli.common import (
 )
 
 if TYPE_CHECKING:
-    from edgestream.asr.streaming import StreamingModel, StreamingOptions
+    from edgestream.asr.streaming import Segment, StreamingModel, StreamingOptions
     from edgestream.asr.transcribe import Transcript
 
 
@@ -296,12 +297,14 @@ def _transcribe_one(
         else:
             line.show(partial)
 
-    def print_segment(segment: str) -> None:
+    def print_segment(segment: Segment) -> None:
         line.clear()
         if json_output:
-            print(json.dumps({"audio": str(path), "segment": segment}), flush=True)
+            record = segment_json(segment)
+            record = {"audio": str(path), "segment": record.pop("text"), **record}
+            print(json.dumps(record), flush=True)
         else:
-            print(f"{path}: {segment}" if prefixed else segment, flush=True)
+            print(f"{path}: {segment.text}" if prefixed else segment.text, flush=True)
 
     if not live:
         result = transcribe_file(asr, path, options, show if stream else None)

@@ -19,6 +19,7 @@ from edgestream.cli.common import (
     TextStreamer,
     app,
     quiet_libraries,
+    segment_json,
     set_threads,
     stderr,
     streaming_options,
@@ -28,6 +29,7 @@ from edgestream.cli.common import (
 )
 
 if TYPE_CHECKING:
+    from edgestream.asr.streaming import Segment
     from edgestream.asr.transcribe import Transcript
     from edgestream.assist.pipeline import Assistant
 
@@ -123,9 +125,9 @@ def _assist_live(assistant: Assistant, reply: Replier, line: PartialLine) -> Non
     being read meanwhile, so a question asked during an answer is heard, and answered next."""
     from edgestream.asr.transcribe import interrupt_stops
 
-    def answer(question: str) -> None:
+    def answer(question: Segment) -> None:
         line.clear()
-        reply(question, {"audio": "-", "text": question})
+        reply(question.text, {"audio": "-", **segment_json(question)})
 
     if not reply.json_output:
         stderr.print("[dim]listening: ask, then pause to be answered; Ctrl-C ends[/dim]")

@@ -696,6 +696,8 @@ def bench_live_command(
         ("segment printed, after the speech ends", "segment_delay_s"),
         ("first words shown, after it starts", "first_words_s"),
         ("answer begins, after the speech ends", "answer_delay_s"),
+        ("segment's start time minus the speech's", "start_offset_s"),
+        ("segment's end time minus the speech's", "end_offset_s"),
     )
     for name, key in rows:
         row = report[key]

@@ -40,6 +40,7 @@ from edgestream.assist.pipeline import (
     DEFAULT_ANSWER_METHOD,
     SAMPLE_RATE,
     Assistant,
+    Segment,
 )
 
 STATIC_DIR = Path(__file__).parent / "static"
@@ -246,11 +247,20 @@ async def _transcribe_stream(
     )
     recognizer, shown, processing, sent_segments = assistant.recognizer(), "", 0.0, 0
 
-    async def send_segments(closed: list[str]) -> None:
+    async def send_segments(last: Segment | None = None) -> None:
+        """Each segment closed since the last call, once; then `last`, the utterance's end."""
         nonlocal sent_segments
-        for segment in closed[sent_segments:]:
-            await websocket.send_json({"type": "segment", "text": segment})
-        sent_segments = len(closed)
+        closed = [recognizer.segment(i) for i in range(sent_segments, len(recognizer.segments))]
+        sent_segments = len(recognizer.segments)
+        for segment in [*closed, *([last] if last is not None else [])]:
+            await websocket.send_json(
+                {
+                    "type": "segment",
+                    "text": segment.text,
+                    "start": round(segment.start_s, 2),
+                    "end": round(segment.end_s, 2),
+                }
+            )
 
     while True:
         message = await websocket.receive()
@@ -273,7 +283,7 @@ async def _transcribe_stream(
             began = time.perf_counter()
             await loop.run_in_executor(pool, recognizer.accept_waveform, samples)
             processing += time.perf_counter() - began
-            await send_segments(recognizer.segments)
+            await send_segments()
             if recognizer.text != shown:
                 shown = recognizer.text
                 await websocket.send_json({"type": "partial", "text": shown})
@@ -291,7 +301,7 @@ async def _transcribe_stream(
         final = await loop.run_in_executor(pool, recognizer.finalize)
         processing += time.perf_counter() - began
         # the utterance's end closes its last segment
-        await send_segments([*recognizer.segments, *filter(None, [recognizer.partial])])
+        await send_segments(recognizer.partial_segment)
         seconds = recognizer.seconds
         await websocket.send_json(
             {

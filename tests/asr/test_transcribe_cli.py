@@ -185,10 +185,17 @@ def test_live_segments_are_handed_over_once_and_make_up_the_text(tmp_path: Path)
     sf.write(twice, np.concatenate([_with_pause(1.5), _with_pause(0.5)]), 16_000)
     asr, segments, partials = load_model("default"), [], []
     result = transcribe_file(asr, twice, StreamingOptions(), partials.append, segments.append)
-    assert segments == ["why is the sky blue"] * 2 and tuple(segments) == result.segments
-    assert " ".join(segments) == result.text == transcribe_file(asr, twice).text
+    texts = [segment.text for segment in segments]
+    assert texts == ["why is the sky blue"] * 2 and tuple(texts) == result.segments
+    assert " ".join(texts) == result.text == transcribe_file(asr, twice).text
     # Partials hold the open segment only (greedy: each a prefix of the segment it opens).
-    assert partials and all(segments[0].startswith(partial) for partial in partials)
+    assert partials and all(texts[0].startswith(partial) for partial in partials)
+    # Where each was heard: the sample's speech, by Silero VAD 0.35-1.73 s of its 2.12 s
+    # (CTC's spikes come a little after the sounds), and the second time 3.62 s later.
+    first, second = segments
+    assert 0.35 <= first.start_s <= 0.35 + 0.3 and 1.73 <= first.end_s <= 1.73 + 0.2
+    assert second.start_s - first.start_s == pytest.approx(3.62, abs=0.1)
+    assert second.end_s - first.end_s == pytest.approx(3.62, abs=0.1)
 
 
 def _with_pause(seconds: float) -> np.ndarray:
@@ -250,7 +257,8 @@ def test_ctrl_c_ends_a_live_stream_with_its_text_so_far() -> None:
     assert "Traceback" not in process.stderr.read().decode()
     *_, segment, final = [first, *rest]  # what was heard before Ctrl-C, closed and reported
     assert final["audio"] == "-" and final["text"].startswith("why")
-    assert segment == {"audio": "-", "segment": final["text"]}
+    assert segment["audio"] == "-" and segment["segment"] == final["text"]
+    assert 0 <= segment["start"] < segment["end"] <= final["duration"]
 
 
 def test_cli_refuses_what_is_not_a_live_stream(random_model: Path) -> None:

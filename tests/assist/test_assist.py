@@ -174,9 +174,13 @@ def test_assist_live_answers_each_question_as_its_speaker_pauses(
     result = runner.invoke(app, args, input=stream)
     assert result.exit_code == 0, result.output
     records = [json.loads(line) for line in result.stdout.splitlines()]
-    assert [r["transcript"] for r in records] == [{"audio": "-", "text": h} for h in heard]
+    spans = [
+        {"audio": "-", "text": h.text, "start": round(h.start_s, 2), "end": round(h.end_s, 2)}
+        for h in heard
+    ]
+    assert [r["transcript"] for r in records] == spans
     for record, question in zip(records, heard, strict=True):
-        expected = assistant.answer(question, "ar", max_new_tokens=12).text
+        expected = assistant.answer(question.text, "ar", max_new_tokens=12).text
         assert record["answer"]["text"] == expected and record["answer"]["method"] == "ss-pld"
         assert "speedup" not in record["answer"]  # live: no second decode unless --compare
     talk = runner.invoke(app, [*args[:-4], "--max-new-tokens", "4", "--compare"], input=stream)

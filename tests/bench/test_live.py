@@ -45,6 +45,7 @@ def test_each_utterance_gets_the_first_segment_after_it_and_before_the_next(
     ]
     report = live_report(utterances, played, lines)
     assert [r["segment_delay_s"] for r in report["rows"]] == [1.4, 1.0]
+    assert report["start_offset_s"] is None  # these segments do not say where they were heard
     assert [r["first_words_s"] for r in report["rows"]] == [0.5, 0.8]
     assert report["segments"] == 3 and report["wer"] == pytest.approx(0.5)
     assert report["segment_delay_s"]["max"] == 1.4
@@ -67,6 +68,14 @@ def test_output_pieces_become_events_at_the_time_their_line_ends() -> None:
         (3.0, {"segment": "and the sea"}),
         (3.0, {"answer": True}),
     ]
+
+
+def test_where_a_segment_was_heard_is_checked_against_the_speech(tmp_path: Path) -> None:
+    utterances = [Utterance(tmp_path / "0.wav", "why", "all")]
+    played = [Played(10.0, 11.0, speech_at=(5.25, 6.5))]
+    events = [(12.0, {"segment": "why", "start": 5.5, "end": 6.5})]
+    row = live_report(utterances, played, events)["rows"][0]
+    assert row["start_offset_s"] == 0.25 and row["end_offset_s"] == 0.0
 
 
 def test_answer_delays_are_reported_where_there_are_answers(tmp_path: Path) -> None:
@@ -93,6 +102,7 @@ def test_the_bundled_model_live(tmp_path: Path) -> None:
         assert seconds - 1 < row["speech_s"] < seconds  # the VAD trims the silence at the ends
         # an endpoint waits for 1.2 s of blanks, then for the chunk that holds them to end
         assert 0.5 < row["segment_delay_s"] < 3.0 and 0.2 < row["first_words_s"] < 3.0
+        assert -0.1 < row["start_offset_s"] < 0.4 and -0.1 < row["end_offset_s"] < 0.3
     assert np.isfinite(report["rtf"]) and report["rtf"] < 1
 
 

@@ -29,7 +29,7 @@ def _reference(assistant: object, clip: Path) -> str:
 
 
 async def _transcribe(
-    address: str, clip: Path, query: str = "", segments: list[str] | None = None
+    address: str, clip: Path, query: str = "", segments: list[dict] | None = None
 ) -> tuple[list[dict], dict]:
     """Stream a clip as a client would; returns (partials, final), and collects the segments
     in `segments` where given."""
@@ -44,7 +44,7 @@ async def _transcribe(
                 if message["type"] == "final":
                     return message
                 if message["type"] == "segment" and segments is not None:
-                    segments.append(message["text"])
+                    segments.append(message)
                     continue
                 assert message["type"] in ("partial", "segment"), message
                 if message["type"] == "partial":
@@ -107,10 +107,13 @@ def test_each_stretch_of_speech_is_sent_once_as_a_segment(
     )
     expected: list[str] = []
     transcribe_file(assistant.asr, both, assistant.streaming, on_segment=expected.append)
-    segments: list[str] = []
+    segments: list[dict] = []
     _, final = asyncio.run(_transcribe(server, both, segments=segments))
-    assert len(expected) == 2 and segments == expected
-    assert final["text"] == " ".join(segments)
+    assert len(expected) == 2 and [s["text"] for s in segments] == [e.text for e in expected]
+    assert [(s["start"], s["end"]) for s in segments] == [
+        (round(e.start_s, 2), round(e.end_s, 2)) for e in expected
+    ]
+    assert final["text"] == " ".join(s["text"] for s in segments)
 
 
 def test_eight_concurrent_streams_each_get_their_own_text(
