@@ -100,7 +100,7 @@ def play(pipe: IO[bytes], utterances: list[np.ndarray], pause_s: float) -> list[
                 (written + last) / SAMPLE_RATE,
             )
         written += len(samples)
-        pcm = (np.clip(samples, -1, 1) * 32767).astype("<i2")
+        pcm = np.round(np.clip(samples, -1, 1) * 32767).astype("<i2")  # as a recorder rounds
         for start in range(0, len(pcm), PIECE_SAMPLES):
             time.sleep(max(0.0, due - time.monotonic()))
             pipe.write(pcm[start : start + PIECE_SAMPLES].tobytes())
