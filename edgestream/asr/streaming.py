@@ -169,6 +169,9 @@ class Segment:
     start_s: float
     end_s: float
 
+    def to_json(self) -> dict[str, object]:
+        return {"text": self.text, "start": round(self.start_s, 2), "end": round(self.end_s, 2)}
+
 
 def _frame_centre_s(frame: int) -> float:
     """The middle of the audio that encoder frame `frame` reads (fbank frames 4i..4i+6)."""

@@ -25,7 +25,6 @@ from edgestream.cli.common import (
     app,
     asr_app,
     export_app,
-    segment_json,
     set_threads,
     stderr,
     streaming_options,
@@ -300,8 +299,8 @@ def _transcribe_one(
     def print_segment(segment: Segment) -> None:
         line.clear()
         if json_output:
-            record = segment_json(segment)
-            record = {"audio": str(path), "segment": record.pop("text"), **record}
+            record = {"audio": str(path), **segment.to_json()}
+            record["segment"] = record.pop("text")
             print(json.dumps(record), flush=True)
         else:
             print(f"{path}: {segment.text}" if prefixed else segment.text, flush=True)

@@ -19,7 +19,6 @@ from edgestream.cli.common import (
     TextStreamer,
     app,
     quiet_libraries,
-    segment_json,
     set_threads,
     stderr,
     streaming_options,
@@ -127,7 +126,7 @@ def _assist_live(assistant: Assistant, reply: Replier, line: PartialLine) -> Non
 
     def answer(question: Segment) -> None:
         line.clear()
-        reply(question.text, {"audio": "-", **segment_json(question)})
+        reply(question.text, {"audio": "-", **question.to_json()})
 
     if not reply.json_output:
         stderr.print("[dim]listening: ask, then pause to be answered; Ctrl-C ends[/dim]")

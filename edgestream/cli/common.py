@@ -384,15 +384,6 @@ def streaming_options(
     return replace(options, rescorer=load_rescorer(rescore, adapter=rescore_adapter))
 
 
-def segment_json(segment: object) -> dict[str, object]:
-    """A live segment as JSON: its text, and where it was heard (seconds of audio)."""
-    return {
-        "text": segment.text,
-        "start": round(segment.start_s, 2),
-        "end": round(segment.end_s, 2),
-    }
-
-
 def write_report(report: object, json_path: Path | None) -> None:
     """Write a report as JSON when asked (`--json PATH`), its folder made if need be."""
     if json_path is None:

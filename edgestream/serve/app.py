@@ -253,14 +253,7 @@ async def _transcribe_stream(
         closed = [recognizer.segment(i) for i in range(sent_segments, len(recognizer.segments))]
         sent_segments = len(recognizer.segments)
         for segment in [*closed, *([last] if last is not None else [])]:
-            await websocket.send_json(
-                {
-                    "type": "segment",
-                    "text": segment.text,
-                    "start": round(segment.start_s, 2),
-                    "end": round(segment.end_s, 2),
-                }
-            )
+            await websocket.send_json({"type": "segment", **segment.to_json()})
 
     while True:
         message = await websocket.receive()
