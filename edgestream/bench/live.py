@@ -189,8 +189,9 @@ def measure_live(
         played = []
     reader.join()
     if process.wait() != 0 or not played:
-        error = process.stderr.read().decode().strip() if process.stderr else ""
-        raise RuntimeError(f"{' '.join(command[3:5])} failed: {error.splitlines()[-1:]}")
+        said = process.stderr.read().decode().strip().splitlines() if process.stderr else []
+        # the program under test reports its own bad input (a model name, say): pass it on
+        raise ValueError(f"{' '.join(command[3:5])} failed: {said[-1] if said else 'no output'}")
     events = (transcript_events if assist_tokens is None else conversation_events)(chunks)
     report = live_report(utterances, played, events)
     return {"chunk_ms": chunk_ms, "endpoint_silence_s": endpoint, **report}

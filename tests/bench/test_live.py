@@ -111,3 +111,11 @@ def test_a_pause_too_short_for_an_endpoint_is_refused(tmp_path: Path) -> None:
     manifest.write_text(json.dumps({"audio": str(SAMPLE), "text": "why"}) + "\n")
     done = runner.invoke(app, ["bench", "live", "--manifest", str(manifest), "--pause", "1"])
     assert done.exit_code == 2 and "at least 1.5 s" in done.output
+
+
+def test_what_the_program_under_test_refuses_is_reported(tmp_path: Path) -> None:
+    manifest = tmp_path / "m.jsonl"
+    manifest.write_text(json.dumps({"audio": str(SAMPLE), "text": "why"}) + "\n")
+    done = runner.invoke(app, ["bench", "live", "--manifest", str(manifest), "--model", "nope"])
+    assert done.exit_code == 2 and "unknown ASR model 'nope'" in done.output
+    assert "Traceback" not in done.output
