@@ -114,6 +114,14 @@ class TrainConfig:
     # and global CMVN does not remove that.
     eq_prob: float = 0.0
     eq_max_db: float = 10.0
+    # Continuous speech: with this probability a batch's utterances are joined in pairs (each
+    # with its own augmentation and silence, so the join is a pause between two speakers), one
+    # transcript for both. Why: live, a speaker goes on after a short pause and the attention's
+    # left context then holds the previous sentence, which single utterances never show the
+    # model; it lost 2 points of WER there (docs/asr.md, "Live delays"). Whole batches are
+    # joined, not single rows: a batch is sorted by length, so its pairs are of like length and
+    # the padded frames stay as many as before.
+    concat_prob: float = 0.0
     eval_chunk: int = 16  # 640 ms
     eval_left_chunks: int = 4
     eval_utterances: int = 300
@@ -148,6 +156,8 @@ class TrainConfig:
             )
         if not (0 <= self.eq_prob <= 1 and 0 <= self.eq_max_db <= 30):
             raise ValueError("expected 0 <= eq_prob <= 1 and 0 <= eq_max_db <= 30")
+        if not 0 <= self.concat_prob <= 1:
+            raise ValueError("expected 0 <= concat_prob <= 1")
 
 
 class FeatureStore:
@@ -373,6 +383,26 @@ def pad_with_silence(utterance: np.ndarray, config: TrainConfig, rng: random.Ran
     return np.concatenate(pieces)
 
 
+def augmented_frames(
+    frames: np.ndarray, augment: TrainConfig | None, rng: random.Random
+) -> np.ndarray:
+    """One utterance's fbank frames (float32) with the feature-level augmentations drawn."""
+    if augment is None:
+        return frames
+    if rng.random() < augment.vtlp_prob:
+        warp = augment.vtlp_max_warp
+        frames = warp_frequencies(frames, rng.uniform(1 - warp, 1 + warp))
+    frames = pad_with_silence(frames, augment, rng)
+    # After the padding (a microphone colours the silence too); no draw when off, so runs
+    # without it keep their random sequence.
+    if augment.eq_prob and rng.random() < augment.eq_prob:
+        frames = colour_spectrum(frames, random_equaliser(rng, augment.eq_max_db))
+    if rng.random() < augment.bandlimit_prob:
+        cutoff = rng.uniform(augment.min_cutoff_hz, augment.max_cutoff_hz)
+        frames = limit_bandwidth(frames, cutoff, rng.uniform(10.0, 200.0))
+    return frames
+
+
 def make_batch(
     store: FeatureStore,
     indices: list[int],
@@ -381,29 +411,23 @@ def make_batch(
     augment: TrainConfig | None,
     rng: random.Random,
 ) -> Batch:
+    """Padded, normalised, augmented rows of the store's utterances `indices` (in pairs, one
+    row each, when the batch is drawn as continuous speech: TrainConfig.concat_prob)."""
+    rows = [[i] for i in indices]
+    # No draw when off, so runs without it keep their random sequence.
+    if augment is not None and augment.concat_prob and rng.random() < augment.concat_prob:
+        rows = [indices[k : k + 2] for k in range(0, len(indices), 2)]
     utterances = []
-    for i in indices:
-        frames = store.features(i).astype(np.float32)
-        if augment is not None:
-            if rng.random() < augment.vtlp_prob:
-                warp = augment.vtlp_max_warp
-                frames = warp_frequencies(frames, rng.uniform(1 - warp, 1 + warp))
-            frames = pad_with_silence(frames, augment, rng)
-            # After the padding (a microphone colours the silence too); no draw when off, so
-            # runs without it keep their random sequence.
-            if augment.eq_prob and rng.random() < augment.eq_prob:
-                frames = colour_spectrum(frames, random_equaliser(rng, augment.eq_max_db))
-            if rng.random() < augment.bandlimit_prob:
-                cutoff = rng.uniform(augment.min_cutoff_hz, augment.max_cutoff_hz)
-                frames = limit_bandwidth(frames, cutoff, rng.uniform(10.0, 200.0))
-        utterance = torch.from_numpy(cmvn.normalize(frames))
+    for row in rows:
+        pieces = [augmented_frames(store.features(i).astype(np.float32), augment, rng) for i in row]
+        utterance = torch.from_numpy(cmvn.normalize(np.concatenate(pieces)))
         if augment is not None:
             utterance = spec_augment(utterance, augment, rng)
         utterances.append(utterance)
-    features = torch.zeros(len(indices), max(len(u) for u in utterances), NUM_MEL_BINS)
-    for row, utterance in enumerate(utterances):
-        features[row, : len(utterance)] = utterance
-    labels = [vocabulary.encode(store.texts[i]) for i in indices]
+    features = torch.zeros(len(rows), max(len(u) for u in utterances), NUM_MEL_BINS)
+    for k, utterance in enumerate(utterances):
+        features[k, : len(utterance)] = utterance
+    labels = [vocabulary.encode(" ".join(store.texts[i] for i in row)) for row in rows]
     return Batch(
         features,
         torch.tensor([len(u) for u in utterances]),

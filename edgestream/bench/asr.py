@@ -7,6 +7,11 @@ WER is jiwer's over lower-cased text stripped of punctuation, pooled over uttera
 errors / total reference words), as a fraction; CER likewise over characters (spaces count),
 which tells a near-miss spelling ("scyve" for "sky") from a wrong word. Per-utterance
 references and hypotheses can be written out to read the errors.
+
+`continuous`: the utterances of each group, in manifest order, played as streams of eight with
+a pause after each, as a speaker who goes on would produce them; each stream is scored as one
+utterance against its joined references. Live speech is like that, and a recognizer whose
+attention looks seconds back then hears the previous sentence there (docs/asr.md).
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import json
 import re
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -21,6 +27,7 @@ from pathlib import Path
 
 import jiwer
 import numpy as np
+import soundfile as sf
 
 from edgestream.asr.audio import read_audio
 from edgestream.asr.backends import load_streaming_model, resolve_backend
@@ -75,6 +82,35 @@ def read_bench_manifest(path: Path, limit: int | None = None) -> list[Utterance]
     if limit is not None and len(utterances) > limit:  # evenly spaced, so every group stays
         utterances = [utterances[int(i * len(utterances) / limit)] for i in range(limit)]
     return utterances
+
+
+# Utterances per continuous stream: seven of eight then follow another, and a stream stays
+# short enough (about a minute) to score and to compare stream by stream.
+STREAM_UTTERANCES = 8
+
+
+def continuous_streams(
+    utterances: list[Utterance], pause_s: float, folder: Path
+) -> tuple[list[Utterance], list[str]]:
+    """Each group's utterances, in order, joined eight at a time with `pause_s` of digital
+    silence after each but the last, written as 16 kHz WAVs into `folder`. Returns the streams
+    (text: the references joined) and a stable name for each (its sources joined by " + ")."""
+    if pause_s < 0:
+        raise ValueError(f"expected a pause of 0 s or more, got {pause_s}")
+    groups: dict[str, list[Utterance]] = {}
+    for utterance in utterances:
+        groups.setdefault(utterance.group, []).append(utterance)
+    pause = np.zeros(round(pause_s * 16_000), np.float32)
+    streams, names = [], []
+    for group, members in groups.items():
+        for start in range(0, len(members), STREAM_UTTERANCES):
+            parts = members[start : start + STREAM_UTTERANCES]
+            pieces = [piece for u in parts for piece in (read_audio(u.audio), pause)][:-1]
+            path = folder / f"stream-{len(streams):05d}.wav"
+            sf.write(path, np.concatenate(pieces), 16_000, subtype="FLOAT")
+            streams.append(Utterance(path, " ".join(u.text for u in parts), group))
+            names.append(" + ".join(str(u.audio) for u in parts))
+    return streams, names
 
 
 def _scores(
@@ -172,14 +208,20 @@ def run_pocketsphinx(
     return hypotheses, seconds, processing
 
 
-def write_hypotheses(path: Path, utterances: list[Utterance], hypotheses: list[str]) -> None:
-    """JSON Lines, one per utterance: audio, group, reference and hypothesis (both normalised,
-    as scored) and the utterance's own WER."""
+def write_hypotheses(
+    path: Path,
+    utterances: list[Utterance],
+    hypotheses: list[str],
+    names: list[str] | None = None,
+) -> None:
+    """JSON Lines, one per utterance: audio (or its name in `names`), group, reference and
+    hypothesis (both normalised, as scored) and the utterance's own WER."""
+    names = names or [str(utterance.audio) for utterance in utterances]
     with path.open("w", encoding="utf-8") as out:
-        for utterance, hypothesis in zip(utterances, hypotheses, strict=True):
+        for utterance, hypothesis, name in zip(utterances, hypotheses, names, strict=True):
             reference, said = normalize_text(utterance.text), normalize_text(hypothesis)
             line = {
-                "audio": str(utterance.audio),
+                "audio": name,
                 "group": utterance.group,
                 "reference": reference,
                 "hypothesis": said,
@@ -205,10 +247,41 @@ def bench_asr(
     progress: Callable[[str, int, int], None] | None = None,
     backend: str = "auto",
     hypotheses_path: Path | None = None,
+    continuous: float | None = None,
 ) -> dict[str, object]:
     """The JSON report: model, backend, overall and groups (wer, cer, rtf, rtf_2threads,
     utterances, audio_seconds), and pocketsphinx (or a note saying why it is missing).
-    `hypotheses_path`: also write edgestream's per-utterance hypotheses there."""
+    `hypotheses_path`: also write edgestream's per-utterance hypotheses there. `continuous`:
+    score streams of utterances this many seconds apart instead (`continuous_streams`;
+    `utterances` then counts streams)."""
+    if continuous is None:
+        report, hypotheses = _bench(model, utterances, options, with_pocketsphinx, progress, backend)
+        if hypotheses_path is not None:
+            write_hypotheses(hypotheses_path, utterances, hypotheses)
+        return report
+    with tempfile.TemporaryDirectory(prefix="edgestream-continuous-") as folder:
+        streams, names = continuous_streams(utterances, continuous, Path(folder))
+        report, hypotheses = _bench(model, streams, options, False, progress, backend)
+    if hypotheses_path is not None:
+        write_hypotheses(hypotheses_path, streams, hypotheses, names)
+    report["continuous"] = {
+        "pause_s": continuous,
+        "utterances_per_stream": STREAM_UTTERANCES,
+        "source_utterances": len(utterances),
+    }
+    report["pocketsphinx"] = {"note": "not run on continuous streams"}
+    return report
+
+
+def _bench(
+    model: str,
+    utterances: list[Utterance],
+    options: StreamingOptions,
+    with_pocketsphinx: bool,
+    progress: Callable[[str, int, int], None] | None,
+    backend: str,
+) -> tuple[dict[str, object], list[str]]:
+    """bench_asr's report on these utterances, and edgestream's hypotheses."""
 
     def stage(name: str) -> PROGRESS | None:
         return None if progress is None else (lambda done, total: progress(name, done, total))
@@ -216,8 +289,6 @@ def bench_asr(
     runs = {n: stage(f"{n} thread{'s' * (n > 1)}") for n in (1, 2)}
     hypotheses, seconds, one = run_edgestream(model, backend, utterances, options, 1, runs[1])
     _, _, two = run_edgestream(model, backend, utterances, options, 2, runs[2])
-    if hypotheses_path is not None:
-        write_hypotheses(hypotheses_path, utterances, hypotheses)
     table = _scores(utterances, hypotheses, seconds, one)
     table_two = _scores(utterances, hypotheses, seconds, two)
     for name, row in table.items():
@@ -244,4 +315,4 @@ def bench_asr(
         report["pocketsphinx"] = {"overall": sphinx.pop("overall"), "groups": sphinx}
     else:
         report["pocketsphinx"] = {"note": "not run: pip install pocketsphinx"}
-    return report
+    return report, hypotheses

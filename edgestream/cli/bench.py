@@ -577,6 +577,14 @@ def bench_asr_command(
         Path | None,
         typer.Option(help="Also write each utterance's reference and hypothesis (JSON Lines)."),
     ] = None,
+    continuous: Annotated[
+        float | None,
+        typer.Option(
+            min=0.0,
+            help="Score continuous speech instead: each group's utterances as streams of eight, "
+            "this many seconds of silence apart (pocketsphinx is not run).",
+        ),
+    ] = None,
 ) -> None:
     """WER, CER and real-time factor (1 and 2 threads) per group, next to pocketsphinx."""
     from rich.progress import Progress
@@ -601,8 +609,12 @@ def bench_asr_command(
                 tasks[stage] = bar.add_task(stage, total=total)
             bar.update(tasks[stage], completed=done)
 
-        report = bench_asr(model, utterances, options, pocketsphinx, progress, backend, hypotheses)
+        report = bench_asr(
+            model, utterances, options, pocketsphinx, progress, backend, hypotheses, continuous
+        )
     title = f"ASR on {manifest} ({report['backend']}, {report['decoder']}, {chunk_ms} ms chunks)"
+    if continuous is not None:
+        title += f", streams of 8 utterances {continuous:g} s apart"
     table = Table(title=title)
     columns = ("system", "group", "utterances", "audio s", "WER", "CER", "RTF 1 thread", "RTF 2")
     for column in columns:

@@ -177,6 +177,30 @@ def test_every_augmentation_at_once_keeps_batches_finite_and_labels_intact(
     assert not torch.equal(batch.features[:, : plain.features.shape[1]], plain.features)
 
 
+def test_continuous_batches_join_pairs_into_one_row_with_both_transcripts(
+    tiny_corpus: Path, tmp_path: Path
+) -> None:
+    store = FeatureStore(tiny_corpus / "train.jsonl", tmp_path / "cache")
+    cmvn = GlobalCmvn.from_features(store.features(i).astype(np.float32) for i in range(4))
+    vocabulary = CharVocabulary()
+    # Everything that draws at random off, so the rows can be compared with the plain batch.
+    quiet = dict(silence_prob=0.0, freq_masks=0, time_masks=0)
+    joined = make_batch(
+        store, [0, 1, 2], cmvn, vocabulary, TrainConfig(concat_prob=1.0, **quiet), random.Random(0)
+    )
+    apart = make_batch(store, [0, 1, 2], cmvn, vocabulary, TrainConfig(**quiet), random.Random(0))
+    # Three utterances make a pair and a single: two rows, the frames and labels all kept.
+    assert joined.lengths.tolist() == [apart.lengths[0] + apart.lengths[1], apart.lengths[2]]
+    first, second = (int(n) for n in apart.lengths[:2])
+    torch.testing.assert_close(joined.features[0, :first], apart.features[0, :first])
+    torch.testing.assert_close(joined.features[0, first : first + second], apart.features[1, :second])
+    pair = vocabulary.encode(f"{store.texts[0]} {store.texts[1]}")
+    assert joined.target_lengths.tolist() == [len(pair), apart.target_lengths[2]]
+    assert joined.targets[: len(pair)].tolist() == pair
+    with pytest.raises(ValueError, match="concat_prob"):
+        TrainConfig(concat_prob=1.5)
+
+
 def test_training_lowers_the_loss_resumes_and_writes_a_loadable_model(
     tiny_corpus: Path, tmp_path: Path
 ) -> None:

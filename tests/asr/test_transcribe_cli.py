@@ -169,6 +169,31 @@ def test_bench_asr_writes_the_report(random_model: Path, tiny_corpus: Path, tmp_
     assert "note" in sphinx or set(sphinx["overall"]) == keys - {"rtf_2threads"}
 
 
+def test_bench_asr_continuous_scores_streams_of_the_utterances(
+    random_model: Path, tiny_corpus: Path, tmp_path: Path
+) -> None:
+    out, hypotheses = tmp_path / "asr.json", tmp_path / "hypotheses.jsonl"
+    manifest = tiny_corpus / "train.jsonl"  # the set with more than one utterance per group
+    arguments = ["--manifest", str(manifest), "--model", str(random_model), "--json", str(out)]
+    result = runner.invoke(
+        app,
+        ["bench", "asr", *arguments, "--continuous", "0.5", "--hypotheses", str(hypotheses)],
+    )
+    assert result.exit_code == 0, result.output
+    report = json.loads(out.read_text())
+    entries = read_manifest(manifest)
+    assert report["continuous"]["source_utterances"] == len(entries)
+    lines = [json.loads(line) for line in hypotheses.read_text().splitlines()]
+    assert len(lines) == report["overall"]["utterances"] < len(entries)
+    # Every utterance's words are in exactly one stream, in manifest order within its group.
+    assert sum(line["audio"].count(" + ") + 1 for line in lines) == len(entries)
+    joined = " ".join(line["reference"] for line in lines if line["group"] == entries[0].group)
+    same_group = [e.text for e in entries if e.group == entries[0].group]
+    assert joined == normalize_text(" ".join(same_group))
+    assert report["overall"]["audio_seconds"] > sum(e.duration for e in entries)  # the pauses
+    assert "note" in report["pocketsphinx"]
+
+
 def test_a_set_stop_ends_the_stream_after_the_piece_in_hand(
     random_model: Path, tiny_corpus: Path
 ) -> None:

@@ -5,9 +5,17 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
+import soundfile as sf
 
-from edgestream.bench.asr import Utterance, _scores, write_hypotheses
+from edgestream.bench.asr import (
+    STREAM_UTTERANCES,
+    Utterance,
+    _scores,
+    continuous_streams,
+    write_hypotheses,
+)
 
 
 def _utterances(*pairs: tuple[str, str]) -> list[Utterance]:
@@ -35,3 +43,29 @@ def test_hypotheses_file_holds_one_scored_line_per_utterance(tmp_path: Path) -> 
     assert [line["hypothesis"] for line in lines] == ["the hat", ""]
     assert [line["wer"] for line in lines] == [0.5, 1.0]
     assert [line["group"] for line in lines] == ["a", "b"]
+
+
+def test_continuous_streams_join_each_groups_utterances_in_order_with_pauses(
+    tmp_path: Path,
+) -> None:
+    rng = np.random.default_rng(0)
+    utterances = []
+    for i, group in enumerate(["a"] * (STREAM_UTTERANCES + 2) + ["b"] * 2):
+        path = tmp_path / f"{i}.wav"
+        sf.write(path, rng.uniform(-0.5, 0.5, 1_600 + 160 * i), 16_000, subtype="FLOAT")
+        utterances.append(Utterance(path, f"word{i}", group))
+    folder = tmp_path / "streams"
+    folder.mkdir()
+    streams, names = continuous_streams(utterances, 0.25, folder)
+    assert [s.group for s in streams] == ["a", "a", "b"]
+    first = utterances[:STREAM_UTTERANCES]
+    assert streams[0].text == " ".join(u.text for u in first)
+    assert names[0] == " + ".join(str(u.audio) for u in first)
+    samples = sf.read(streams[0].audio, dtype="float32")[0]
+    pause = np.zeros(4_000, np.float32)
+    parts = [sf.read(u.audio, dtype="float32")[0] for u in first]
+    expected = np.concatenate([piece for part in parts for piece in (part, pause)][:-1])
+    np.testing.assert_array_equal(samples, expected)
+    assert streams[1].text == "word8 word9" and streams[2].text == "word10 word11"
+    with pytest.raises(ValueError, match="pause"):
+        continuous_streams(utterances, -1.0, folder)
