@@ -131,8 +131,8 @@ def recommended_options(lm: str | Path = "default", **changes: Any) -> Streaming
     """The decoding `transcribe` uses: a prefix beam of `LM_BEAM` with a word LM fused in
     ('default': the bundled one; a file: an ARPA LM; 'none': greedy decoding, no beam).
 
-    `StreamingOptions()` alone decodes greedily, which with the bundled model makes twice the
-    word errors (synthetic test set: 16.4% against 8.3%); library callers start here.
+    `StreamingOptions()` alone decodes greedily, which makes twice the word errors (synthetic
+    test set, run 18: 16.4% against 8.3%); library callers start here.
     `changes` sets any other field, e.g. `recommended_options(chunk_ms=320)`.
     """
     language_model = load_lm(lm)
