@@ -318,14 +318,15 @@ def _run_line(
     chain of runs stays readable from its last model alone."""
     voices = ", ".join(f"{group} {s / 3600:.2f} h" for group, s in sorted(train_seconds.items()))
     start = f"--init {args.init}" if args.init else "from scratch"
-    joined = f", utterances joined in pairs in {config.concat_prob:.0%} of batches" * bool(
-        config.concat_prob
-    )
+    joined = ""
+    if config.concat_prob:
+        joined = f", utterances joined in pairs in {config.concat_prob:.0%} of batches"
     return (
         f"gpu_recipe on {args.device}: {start}, {sum(train_seconds.values()) / 3600:.2f} h "
         f"synthesised with seed {args.seed} ({voices}), {report['steps']} steps in "
-        f"{report['train_seconds'] / 60:.0f} min, peak lr {config.lr:g}, seed {config.seed}{joined} "
-        f"(dev WER on its own dev set {100 * report['dev_wer_before']:.2f} -> "
+        f"{report['train_seconds'] / 60:.0f} min, peak lr {config.lr:g}, "
+        f"seed {config.seed}{joined} (dev WER on its own dev set "
+        f"{100 * report['dev_wer_before']:.2f} -> "
         f"{100 * report['dev_wer_after']:.2f}%)"
     )
 

@@ -255,7 +255,9 @@ def bench_asr(
     score streams of utterances this many seconds apart instead (`continuous_streams`;
     `utterances` then counts streams)."""
     if continuous is None:
-        report, hypotheses = _bench(model, utterances, options, with_pocketsphinx, progress, backend)
+        report, hypotheses = _bench(
+            model, utterances, options, with_pocketsphinx, progress, backend
+        )
         if hypotheses_path is not None:
             write_hypotheses(hypotheses_path, utterances, hypotheses)
         return report

@@ -162,12 +162,18 @@ def test_several_manifests_train_as_their_utterances_one_after_the_other(
     assert len(FeatureStore([first, second], tmp_path / "cache")) == len(entries) - 1
 
 
+def _store_cmvn_and_vocabulary(
+    corpus: Path, cache: Path
+) -> tuple[FeatureStore, GlobalCmvn, CharVocabulary]:
+    store = FeatureStore(corpus / "train.jsonl", cache)
+    cmvn = GlobalCmvn.from_features(store.features(i).astype(np.float32) for i in range(4))
+    return store, cmvn, CharVocabulary()
+
+
 def test_every_augmentation_at_once_keeps_batches_finite_and_labels_intact(
     tiny_corpus: Path, tmp_path: Path
 ) -> None:
-    store = FeatureStore(tiny_corpus / "train.jsonl", tmp_path / "cache")
-    cmvn = GlobalCmvn.from_features(store.features(i).astype(np.float32) for i in range(4))
-    vocabulary = CharVocabulary()
+    store, cmvn, vocabulary = _store_cmvn_and_vocabulary(tiny_corpus, tmp_path / "cache")
     augment = TrainConfig(vtlp_prob=1.0, bandlimit_prob=1.0, eq_prob=1.0, silence_prob=1.0)
     plain = make_batch(store, [0, 1, 2], cmvn, vocabulary, None, random.Random(0))
     batch = make_batch(store, [0, 1, 2], cmvn, vocabulary, augment, random.Random(0))
@@ -180,9 +186,7 @@ def test_every_augmentation_at_once_keeps_batches_finite_and_labels_intact(
 def test_continuous_batches_join_pairs_into_one_row_with_both_transcripts(
     tiny_corpus: Path, tmp_path: Path
 ) -> None:
-    store = FeatureStore(tiny_corpus / "train.jsonl", tmp_path / "cache")
-    cmvn = GlobalCmvn.from_features(store.features(i).astype(np.float32) for i in range(4))
-    vocabulary = CharVocabulary()
+    store, cmvn, vocabulary = _store_cmvn_and_vocabulary(tiny_corpus, tmp_path / "cache")
     # Everything that draws at random off, so the rows can be compared with the plain batch.
     quiet = dict(silence_prob=0.0, freq_masks=0, time_masks=0)
     joined = make_batch(
@@ -193,7 +197,9 @@ def test_continuous_batches_join_pairs_into_one_row_with_both_transcripts(
     assert joined.lengths.tolist() == [apart.lengths[0] + apart.lengths[1], apart.lengths[2]]
     first, second = (int(n) for n in apart.lengths[:2])
     torch.testing.assert_close(joined.features[0, :first], apart.features[0, :first])
-    torch.testing.assert_close(joined.features[0, first : first + second], apart.features[1, :second])
+    torch.testing.assert_close(
+        joined.features[0, first : first + second], apart.features[1, :second]
+    )
     pair = vocabulary.encode(f"{store.texts[0]} {store.texts[1]}")
     assert joined.target_lengths.tolist() == [len(pair), apart.target_lengths[2]]
     assert joined.targets[: len(pair)].tolist() == pair
