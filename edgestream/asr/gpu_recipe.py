@@ -189,7 +189,7 @@ def fit_until(
                 group["lr"] = scheduled_lr(step, elapsed / seconds, config)
             chunk, left = (0, -1) if warming else draw_chunking(config, chunk_rng)
             with _autocast(device):
-                loss = ctc_loss(model, batch.to(device), chunk, left)
+                loss = ctc_loss(model, batch.to(device), chunk, left, config.consistency_weight)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 5.0)
@@ -321,6 +321,8 @@ def _run_line(
     joined = ""
     if config.concat_prob:
         joined = f", utterances joined in pairs in {config.concat_prob:.0%} of batches"
+    if config.consistency_weight:
+        joined += f", CR-CTC consistency weight {config.consistency_weight:g}"
     return (
         f"gpu_recipe on {args.device}: {start}, {sum(train_seconds.values()) / 3600:.2f} h "
         f"synthesised with seed {args.seed} ({voices}), {report['steps']} steps in "

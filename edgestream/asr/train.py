@@ -122,6 +122,15 @@ class TrainConfig:
     # joined, not single rows: a batch is sorted by length, so its pairs are of like length and
     # the padded frames stay as many as before.
     concat_prob: float = 0.0
+    # Consistency-regularised CTC (CR-CTC, Yao et al., ICLR 2025): when > 0, every row is
+    # trained twice in the same batch, the two copies differing only in their SpecAugment masks,
+    # and this weight times the KL divergence between the copies' frame posteriors (each
+    # against the other, detached) joins the CTC loss. Why: the acoustic model, not the LM, is
+    # what keeps the synthetic test above its target (docs/asr.md, "Run 13"), and CR-CTC is
+    # the CTC recipe that closed most of the gap to transducers there (0.2 in their recipe,
+    # with more time masking). A step then costs about twice as much: halve max_frames to keep
+    # the same number of steps.
+    consistency_weight: float = 0.0
     eval_chunk: int = 16  # 640 ms
     eval_left_chunks: int = 4
     eval_utterances: int = 300
@@ -158,6 +167,8 @@ class TrainConfig:
             raise ValueError("expected 0 <= eq_prob <= 1 and 0 <= eq_max_db <= 30")
         if not 0 <= self.concat_prob <= 1:
             raise ValueError("expected 0 <= concat_prob <= 1")
+        if self.consistency_weight < 0:
+            raise ValueError("expected consistency_weight >= 0")
 
 
 class FeatureStore:
@@ -412,36 +423,44 @@ def make_batch(
     rng: random.Random,
 ) -> Batch:
     """Padded, normalised, augmented rows of the store's utterances `indices` (in pairs, one
-    row each, when the batch is drawn as continuous speech: TrainConfig.concat_prob)."""
+    row each, when the batch is drawn as continuous speech: TrainConfig.concat_prob). With
+    TrainConfig.consistency_weight the rows come twice, first copies then second copies, each
+    copy with its own SpecAugment masks."""
     rows = [[i] for i in indices]
     # No draw when off, so runs without it keep their random sequence.
     if augment is not None and augment.concat_prob and rng.random() < augment.concat_prob:
         rows = [indices[k : k + 2] for k in range(0, len(indices), 2)]
-    utterances = []
+    views = 2 if augment is not None and augment.consistency_weight else 1
+    utterances: list[list[Tensor]] = [[] for _ in range(views)]
     for row in rows:
         pieces = [augmented_frames(store.features(i).astype(np.float32), augment, rng) for i in row]
         utterance = torch.from_numpy(cmvn.normalize(np.concatenate(pieces)))
-        if augment is not None:
-            utterance = spec_augment(utterance, augment, rng)
-        utterances.append(utterance)
-    features = torch.zeros(len(rows), max(len(u) for u in utterances), NUM_MEL_BINS)
-    for k, utterance in enumerate(utterances):
+        for copies in utterances:
+            copy = utterance.clone() if views > 1 else utterance
+            copies.append(copy if augment is None else spec_augment(copy, augment, rng))
+    every = [u for copies in utterances for u in copies]
+    features = torch.zeros(len(every), max(len(u) for u in every), NUM_MEL_BINS)
+    for k, utterance in enumerate(every):
         features[k, : len(utterance)] = utterance
-    labels = [vocabulary.encode(" ".join(store.texts[i] for i in row)) for row in rows]
+    labels = [vocabulary.encode(" ".join(store.texts[i] for i in row)) for row in rows] * views
     return Batch(
         features,
-        torch.tensor([len(u) for u in utterances]),
+        torch.tensor([len(u) for u in every]),
         torch.tensor([token for label in labels for token in label]),
         torch.tensor([len(label) for label in labels]),
     )
 
 
-def ctc_loss(model: nn.Module, batch: Batch, chunk: int, left_chunks: int) -> Tensor:
-    """Summed CTC loss over the batch divided by its utterance count (in float32 whatever the
-    model computes in: CTC's log-space sums need the range)."""
+def ctc_loss(
+    model: nn.Module, batch: Batch, chunk: int, left_chunks: int, consistency_weight: float = 0.0
+) -> Tensor:
+    """Summed CTC loss over the batch divided by its row count (in float32 whatever the model
+    computes in: CTC's log-space sums need the range), plus CR-CTC's consistency term for a
+    batch made with TrainConfig.consistency_weight."""
     log_probs, out_lengths = model(batch.features, batch.lengths, chunk, left_chunks)
+    log_probs = log_probs.float()
     loss = F.ctc_loss(
-        log_probs.float().transpose(0, 1),
+        log_probs.transpose(0, 1),
         batch.targets,
         out_lengths,
         batch.target_lengths,
@@ -449,7 +468,20 @@ def ctc_loss(model: nn.Module, batch: Batch, chunk: int, left_chunks: int) -> Te
         reduction="sum",
         zero_infinity=True,  # an utterance too fast for its frames must not poison the batch
     )
+    if consistency_weight:
+        loss = loss + consistency_weight * consistency_loss(log_probs, out_lengths)
     return loss / len(batch.lengths)
+
+
+def consistency_loss(log_probs: Tensor, out_lengths: Tensor) -> Tensor:
+    """CR-CTC's term: summed over the valid frames, KL(p_other || p) for each copy's posteriors
+    p, with the other copy's posteriors as a detached target. `log_probs` (2B, T, V) holds the
+    first copies, then the second copies, of B rows (make_batch)."""
+    first, second = log_probs.detach().chunk(2)
+    targets = torch.cat([second, first])
+    divergence = F.kl_div(log_probs, targets, reduction="none", log_target=True).sum(-1)
+    valid = torch.arange(log_probs.shape[1], device=log_probs.device) < out_lengths[:, None]
+    return divergence[valid].sum()
 
 
 def draw_chunking(config: TrainConfig, rng: random.Random) -> tuple[int, int]:
@@ -676,14 +708,14 @@ def train_asr(
             chunk, left = (0, -1) if warming else draw_chunking(config, chunk_rng)
             for group in optimizer.param_groups:
                 group["lr"] = _lr_at(step, total_steps, config)
-            loss = ctc_loss(trainer, batch, chunk, left)
+            loss = ctc_loss(trainer, batch, chunk, left, config.consistency_weight)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 5.0)
             optimizer.step()
             step += 1
             if progress is not None and rank == 0:
-                per_token = loss.item() * len(indices) / int(batch.target_lengths.sum())
+                per_token = loss.item() * len(batch.lengths) / int(batch.target_lengths.sum())
                 progress(
                     {
                         "epoch": epoch,

@@ -28,6 +28,8 @@ from edgestream.asr.train import (
     TrainConfig,
     _mel_bin_centres_hz,
     colour_spectrum,
+    consistency_loss,
+    ctc_loss,
     deepened,
     length_batches,
     limit_bandwidth,
@@ -205,6 +207,63 @@ def test_continuous_batches_join_pairs_into_one_row_with_both_transcripts(
     assert joined.targets[: len(pair)].tolist() == pair
     with pytest.raises(ValueError, match="concat_prob"):
         TrainConfig(concat_prob=1.5)
+
+
+def test_consistency_batches_hold_every_row_twice_with_their_own_masks(
+    tiny_corpus: Path, tmp_path: Path
+) -> None:
+    store, cmvn, vocabulary = _store_cmvn_and_vocabulary(tiny_corpus, tmp_path / "cache")
+    unmasked = TrainConfig(consistency_weight=0.2, silence_prob=0.0, freq_masks=0, time_masks=0)
+    alone = replace(unmasked, consistency_weight=0.0)
+    once = make_batch(store, [0, 1, 2], cmvn, vocabulary, alone, random.Random(0))
+    twice = make_batch(store, [0, 1, 2], cmvn, vocabulary, unmasked, random.Random(0))
+    # First copies, then second copies: without masks both are the plain rows.
+    assert twice.lengths.tolist() == once.lengths.tolist() * 2
+    assert twice.target_lengths.tolist() == once.target_lengths.tolist() * 2
+    assert twice.targets.tolist() == once.targets.tolist() * 2
+    torch.testing.assert_close(twice.features[:3], once.features)
+    torch.testing.assert_close(twice.features[3:], once.features)
+    # With masks, the copies of a row share everything but where they were masked.
+    masked = replace(unmasked, freq_masks=2, freq_mask_bins=20, time_masks=2, silence_prob=1.0)
+    batch = make_batch(store, [0, 1, 2], cmvn, vocabulary, masked, random.Random(1))
+    first, second = batch.features[:3], batch.features[3:]
+    assert torch.equal(batch.lengths[:3], batch.lengths[3:])
+    assert not torch.equal(first, second)
+    both_kept = (first != 0) & (second != 0)
+    assert torch.equal(first[both_kept], second[both_kept])
+    with pytest.raises(ValueError, match="consistency_weight"):
+        TrainConfig(consistency_weight=-0.1)
+
+
+def test_consistency_loss_is_each_copys_kl_from_the_other_over_valid_frames() -> None:
+    torch.manual_seed(0)
+    log_probs = torch.randn(4, 6, 5).log_softmax(-1).requires_grad_(True)
+    lengths = torch.tensor([6, 3, 6, 3])  # rows 0 and 2 are copies, as are 1 and 3
+    p = log_probs.detach().exp()
+    expected = sum(
+        (p[other, t] * (log_probs[other, t] - log_probs[row, t])).sum()
+        for row, other in ((0, 2), (1, 3), (2, 0), (3, 1))
+        for t in range(int(lengths[row]))
+    )
+    loss = consistency_loss(log_probs, lengths)
+    torch.testing.assert_close(loss, expected)
+    loss.backward()
+    assert log_probs.grad is not None and (log_probs.grad[1, 3:] == 0).all()  # padding ignored
+    same = log_probs.detach()[:2].repeat(2, 1, 1)
+    assert consistency_loss(same, lengths).abs() < 1e-6  # identical copies agree
+
+
+def test_ctc_loss_adds_the_weighted_consistency_term(tiny_corpus: Path, tmp_path: Path) -> None:
+    store, cmvn, vocabulary = _store_cmvn_and_vocabulary(tiny_corpus, tmp_path / "cache")
+    config = TrainConfig(consistency_weight=0.5, silence_prob=0.0)
+    batch = make_batch(store, [0, 1], cmvn, vocabulary, config, random.Random(2))
+    torch.manual_seed(0)
+    model = ConformerCTC(replace(TINY, vocab_size=len(vocabulary), dropout=0.0)).eval()
+    plain = ctc_loss(model, batch, 4, 2)
+    log_probs, out_lengths = model(batch.features, batch.lengths, 4, 2)
+    extra = 0.5 * consistency_loss(log_probs, out_lengths) / len(batch.lengths)
+    assert extra > 0  # the copies were masked differently, so their posteriors differ
+    torch.testing.assert_close(ctc_loss(model, batch, 4, 2, 0.5), plain + extra)
 
 
 def test_training_lowers_the_loss_resumes_and_writes_a_loadable_model(
