@@ -118,6 +118,12 @@ def test_train_continues_a_model_and_keeps_the_weights_with_the_best_dev_wer(
     dev = FeatureStore(tmp_path / "run" / "corpus" / "dev.jsonl", tmp_path / "dev-cache")
     wer = evaluate(trained.model, dev, trained.cmvn, trained.vocabulary, 16, 4)
     assert wer == pytest.approx(report["dev_wer_after"], abs=1e-4)
+    # ... and last.safetensors those of the last step, whose check is the last one.
+    last = load_model(tmp_path / "run" / "last.safetensors")
+    assert last.info["weights"] == f"last step ({report['steps']}), not the best dev check"
+    assert report["dev_wer_last"] == checks[-1]
+    wer = evaluate(last.model, dev, last.cmvn, last.vocabulary, 16, 4)
+    assert wer == pytest.approx(report["dev_wer_last"], abs=1e-4)
 
 
 @needs_espeak
