@@ -194,7 +194,8 @@ def measure_live(
         raise ValueError(f"{' '.join(command[3:5])} failed: {said[-1] if said else 'no output'}")
     events = (transcript_events if assist_tokens is None else conversation_events)(chunks)
     report = live_report(utterances, played, events)
-    return {"chunk_ms": chunk_ms, "endpoint_silence_s": endpoint, **report}
+    settings = {"model": model, "threads": threads, "pause_s": pause_s, "chunk_ms": chunk_ms}
+    return {**settings, "endpoint_silence_s": endpoint, **report}
 
 
 def live_report(

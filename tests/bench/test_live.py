@@ -97,6 +97,7 @@ def test_the_bundled_model_live(tmp_path: Path) -> None:
     assert done.exit_code == 0, done.output
     report = json.loads(out.read_text())
     assert report["segments"] == 2 and report["wer"] == 0.0
+    assert (report["model"], report["threads"], report["pause_s"]) == ("default", 1, 1.5)
     seconds = len(sf.read(SAMPLE)[0]) / 16_000
     for row in report["rows"]:
         assert seconds - 1 < row["speech_s"] < seconds  # the VAD trims the silence at the ends
