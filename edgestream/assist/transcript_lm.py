@@ -28,16 +28,23 @@ MAX_SENTENCE_TOKENS = 62
 DEFAULT_ADAPTER = Path(__file__).parent / "weights" / "smollm2-transcripts.safetensors"
 
 
-def transcript_records(lm: LanguageModel, sentences: list[str]) -> list[dict]:
-    """Training sequences: end-of-text, the sentence's tokens, end-of-text; the loss covers
-    every token after the first, the closing end-of-text included (as `score_end` scores it)."""
+def transcript_records(
+    lm: LanguageModel, sentences: list[str], max_tokens: int = MAX_SENTENCE_TOKENS
+) -> list[dict]:
+    """Training sequences: end-of-text, the sentence's first `max_tokens` tokens, end-of-text;
+    the loss covers every token after the first, the closing end-of-text included (as
+    `score_end` scores it). A "sentence" may be several joined: a segment of continuous speech
+    holds two or three, and an adapter that only ever read one reads them badly (docs/asr.md,
+    "Rescoring continuous speech"); such texts need a larger `max_tokens`."""
     if not sentences:
         raise ValueError("no sentences to train on")
+    if max_tokens < 1:
+        raise ValueError(f"expected max_tokens >= 1, got {max_tokens}")
     start = document_start_id(lm)
     dim = lm.model.config.dim
     records = []
     for sentence in sentences:
-        ids = lm.tokenizer.encode(sentence, add_special_tokens=False)[:MAX_SENTENCE_TOKENS]
+        ids = lm.tokenizer.encode(sentence, add_special_tokens=False)[:max_tokens]
         records.append(next_token_record("transcript", [start, *ids, start], 1, dim))
     return records
 

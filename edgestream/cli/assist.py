@@ -260,6 +260,14 @@ def train_rescorer_command(
     held_out: Annotated[
         int, typer.Option(help="Held-out sentences whose perplexity is reported before and after.")
     ] = 400,
+    max_tokens: Annotated[
+        int | None,
+        typer.Option(
+            min=1,
+            help="Tokens kept of each training line (default: enough for all but a tenth of a "
+            "percent of single sentences); raise it for lines of several joined sentences.",
+        ),
+    ] = None,
     export: Annotated[Path | None, typer.Option(help="Write the adapter here.")] = None,
     threads: Annotated[int | None, typer.Option(help="CPU threads per process.")] = None,
 ) -> None:
@@ -271,7 +279,11 @@ def train_rescorer_command(
     import time
 
     from edgestream.asr.text import lm_sentences, load_splits, text_sentences
-    from edgestream.assist.transcript_lm import nats_per_token, transcript_records
+    from edgestream.assist.transcript_lm import (
+        MAX_SENTENCE_TOKENS,
+        nats_per_token,
+        transcript_records,
+    )
     from edgestream.llm.loading import load_language_model, training_dtype
     from edgestream.llm.lora import LoRAConfig
     from edgestream.llm.shared import save_adapter, train_shared
@@ -293,7 +305,8 @@ def train_rescorer_command(
     rank, world = distributed_context()
     lm = load_language_model(model, training_dtype(), pack=False)  # LoRA needs plain layers
     before = nats_per_token(lm, held) if held and rank == 0 else None
-    records = transcript_records(lm, training)
+    max_tokens = MAX_SENTENCE_TOKENS if max_tokens is None else max_tokens
+    records = transcript_records(lm, training, max_tokens)
     started = time.time()
     with training_progress("token", config.steps, rank, started) as (_bar, report):
         weights = train_shared(lm.model, records, lora_config, None, config, out, model, report)
@@ -305,6 +318,7 @@ def train_rescorer_command(
         "purpose": "rescoring transcripts",
         "text": str(text) if text is not None else "task text, train split",
         "sentences": len(records),
+        "max_tokens": max_tokens,
         "held_out_sentences": len(held),
         "held_out_nats_per_token": [before and round(before, 4), after and round(after, 4)],
         "processes": world,

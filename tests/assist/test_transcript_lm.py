@@ -39,8 +39,14 @@ def test_records_are_documents_scored_from_their_first_token(tiny_model_dir: Pat
     assert records[0]["tokens"].tolist() == [start, *ids, start]
     assert records[0]["prompt_length"] == 1  # the loss covers every token after the first
     assert len(records[1]["tokens"]) == MAX_SENTENCE_TOKENS + 2
+    # lines of several joined sentences (continuous speech's segments) may keep more
+    joined = transcript_records(lm, [long_sentence], max_tokens=150)
+    assert len(joined[0]["tokens"]) == 150 + 2
+    assert joined[0]["tokens"][-1] == start
     with pytest.raises(ValueError, match="no sentences"):
         transcript_records(lm, [])
+    with pytest.raises(ValueError, match="max_tokens >= 1"):
+        transcript_records(lm, SENTENCES, max_tokens=0)
 
 
 def test_nats_per_token_is_the_mean_of_the_scored_tokens(tiny_model_dir: Path) -> None:
@@ -76,6 +82,7 @@ def test_train_rescorer_lowers_held_out_loss_and_the_adapter_rescores(
         info = json.loads(f.metadata()["info"])
     before, after = info["held_out_nats_per_token"]
     assert info["sentences"] == 196 and info["held_out_sentences"] == 4
+    assert info["max_tokens"] == MAX_SENTENCE_TOKENS
     assert after < before - 0.5  # four sentences, each seen about 40 times: learnt
 
     plain = load_rescorer(str(tiny_model_dir), adapter="none")
