@@ -268,6 +268,13 @@ def train_rescorer_command(
             "percent of single sentences); raise it for lines of several joined sentences.",
         ),
     ] = None,
+    init_adapter: Annotated[
+        Path | None,
+        typer.Option(
+            help="Start from this adapter (e.g. the bundled one) instead of from zero; its LoRA "
+            "rank and alpha replace --lora-rank."
+        ),
+    ] = None,
     export: Annotated[Path | None, typer.Option(help="Write the adapter here.")] = None,
     threads: Annotated[int | None, typer.Option(help="CPU threads per process.")] = None,
 ) -> None:
@@ -275,7 +282,9 @@ def train_rescorer_command(
 
     Without --text it learns from the train split of the task text, normalised like
     transcripts (the word trigram's text); its held-out sentences are the dev split's. With
-    --text, any UTF-8 text, normalised the same way; every 50th sentence is held out."""
+    --text, any UTF-8 text, normalised the same way; every 50th sentence is held out.
+    --init-adapter continues an earlier adapter on new text (a few hundred steps instead of
+    a whole run)."""
     import time
 
     from edgestream.asr.text import lm_sentences, load_splits, text_sentences
@@ -286,7 +295,7 @@ def train_rescorer_command(
     )
     from edgestream.llm.loading import load_language_model, training_dtype
     from edgestream.llm.lora import LoRAConfig
-    from edgestream.llm.shared import save_adapter, train_shared
+    from edgestream.llm.shared import read_adapter, save_adapter, train_shared
     from edgestream.llm.train import TrainConfig
     from edgestream.training import distributed_context
 
@@ -294,6 +303,9 @@ def train_rescorer_command(
         steps=steps, batch_sequences=batch, positions_per_sequence=64, lr=lr, warmup_steps=warmup
     )
     lora_config = LoRAConfig(rank=lora_rank, alpha=2.0 * lora_rank)
+    start = read_adapter(init_adapter) if init_adapter is not None else None
+    if start is not None:
+        lora_config = start.lora_config
     if text is not None:
         every = text_sentences(text)
         training, held = [s for i, s in enumerate(every) if i % 50], every[::50]
@@ -309,7 +321,17 @@ def train_rescorer_command(
     records = transcript_records(lm, training, max_tokens)
     started = time.time()
     with training_progress("token", config.steps, rank, started) as (_bar, report):
-        weights = train_shared(lm.model, records, lora_config, None, config, out, model, report)
+        weights = train_shared(
+            lm.model,
+            records,
+            lora_config,
+            None,
+            config,
+            out,
+            model,
+            report,
+            init_lora=start and start.lora,
+        )
     if rank != 0:
         return
     after = nats_per_token(lm, held) if held else None
@@ -319,6 +341,7 @@ def train_rescorer_command(
         "text": str(text) if text is not None else "task text, train split",
         "sentences": len(records),
         "max_tokens": max_tokens,
+        "init_adapter": str(init_adapter) if init_adapter is not None else None,
         "held_out_sentences": len(held),
         "held_out_nats_per_token": [before and round(before, 4), after and round(after, 4)],
         "processes": world,

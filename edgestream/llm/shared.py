@@ -18,6 +18,7 @@ and, in shared mode, the streams; `load_adapter` merges the LoRA into the weight
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -161,15 +162,21 @@ def train_shared(
     model_name: str,
     progress: ProgressFn | None = None,
     init_streams: SpeculativeStreams | None = None,
+    init_lora: dict[str, Tensor] | None = None,
 ) -> SharedWeights:
     """Fine-tune `model` (unpacked; LoRA is added in place) with or without streams.
 
     `init_streams` (e.g. lossless streams trained for the base model) start the streams where
     they already draft well, instead of from scratch; they replace `stream_config`.
+    `init_lora` (an adapter's LoRA tensors, from `read_adapter`, of `lora_config`'s rank)
+    starts the adapters where an earlier run left them instead of at zero: continuing it on
+    new text costs a fraction of training again.
     """
     torch.manual_seed(config.seed)
     model.requires_grad_(False)
     adapters = add_lora(model, lora_config)
+    if init_lora is not None:
+        _copy_lora(adapters, init_lora)
     streams = None
     if init_streams is not None or stream_config is not None:
         streams = new_or_given_streams(model, stream_config, records, init_streams)
@@ -212,9 +219,19 @@ def save_adapter(weights: SharedWeights, lora_config: LoRAConfig, path: Path, in
     tmp.replace(path)
 
 
-def load_adapter(path: str | Path, lm: LanguageModel) -> tuple[SpeculativeStreams | None, dict]:
-    """Merge an adapter's LoRA into `lm.model` (which must be loaded with pack=False; packed
-    again here) and return its streams (None for a next-token-only adapter) and info."""
+@dataclass(frozen=True)
+class AdapterFile:
+    """An adapter file's contents, unmerged."""
+
+    lora: dict[str, Tensor]  # by `adapter_weights` name
+    lora_config: LoRAConfig
+    streams: dict[str, Tensor]  # a `SpeculativeStreams` state dict; empty without streams
+    stream_config: StreamConfig | None
+    info: dict
+
+
+def read_adapter(path: str | Path) -> AdapterFile:
+    """Read an adapter file written by `save_adapter`, refusing anything else by name."""
     from safetensors import SafetensorError, safe_open
 
     path = Path(path)
@@ -226,32 +243,49 @@ def load_adapter(path: str | Path, lm: LanguageModel) -> tuple[SpeculativeStream
             tensors = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 (not a dict)
         lora_config = LoRAConfig(**json.loads(metadata["lora_config"]))
         stream_settings = metadata.get("stream_config")
+        stream_config = StreamConfig(**json.loads(stream_settings)) if stream_settings else None
         info = json.loads(metadata.get("info", "{}"))
     except (SafetensorError, KeyError, json.JSONDecodeError, TypeError) as err:
         raise ValueError(f"{path} is not an adapter file: {err}") from err
+    return AdapterFile(
+        lora={k.removeprefix("lora."): v for k, v in tensors.items() if k.startswith("lora.")},
+        lora_config=lora_config,
+        streams={
+            k.removeprefix("streams."): v for k, v in tensors.items() if k.startswith("streams.")
+        },
+        stream_config=stream_config,
+        info=info,
+    )
+
+
+def _copy_lora(adapters: nn.ModuleDict, lora: dict[str, Tensor]) -> None:
+    """Load `lora` into freshly added adapters; ValueError if names or shapes differ."""
+    expected = adapter_weights(adapters)
+    if lora.keys() != expected.keys() or any(lora[k].shape != v.shape for k, v in expected.items()):
+        raise ValueError("the adapter does not fit this model (adapter names or shapes differ)")
+    for key, tensor in expected.items():
+        tensor.data.copy_(lora[key])
+
+
+def load_adapter(path: str | Path, lm: LanguageModel) -> tuple[SpeculativeStreams | None, dict]:
+    """Merge an adapter's LoRA into `lm.model` (which must be loaded with pack=False; packed
+    again here) and return its streams (None for a next-token-only adapter) and info."""
+    adapter = read_adapter(path)
     model = lm.model
     if not all(isinstance(block.attention.wqkv, nn.Linear) for block in model.layers):
         raise ValueError("an adapter merges into plain weights: load the model with pack=False")
-    lora = {k.removeprefix("lora."): v for k, v in tensors.items() if k.startswith("lora.")}
-    adapters = add_lora(model, lora_config)
-    expected = adapter_weights(adapters)
-    fits = lora.keys() == expected.keys() and all(
-        lora[k].shape == v.shape for k, v in expected.items()
-    )
-    if fits:
-        for key, tensor in expected.items():
-            tensor.data.copy_(lora[key])
-    merge_lora(model)  # zero updates where nothing was loaded: the model stays the base
-    if not fits:
-        raise ValueError(f"{path} does not fit this model (adapter names or shapes differ)")
+    adapters = add_lora(model, adapter.lora_config)
+    try:
+        _copy_lora(adapters, adapter.lora)
+    except ValueError as err:
+        raise ValueError(f"{path}: {err}") from None
+    finally:
+        merge_lora(model)  # zero updates where nothing was loaded: the model stays the base
     if can_pack_weights():
         model.pack_weights()
     streams = None
-    if stream_settings is not None:
-        streams = SpeculativeStreams(model.config, StreamConfig(**json.loads(stream_settings)))
-        own = {
-            k.removeprefix("streams."): v for k, v in tensors.items() if k.startswith("streams.")
-        }
-        streams.load_state_dict(own)
+    if adapter.stream_config is not None:
+        streams = SpeculativeStreams(model.config, adapter.stream_config)
+        streams.load_state_dict(adapter.streams)
         streams = streams.to(model.dtype).eval().requires_grad_(False)
-    return streams, info
+    return streams, adapter.info

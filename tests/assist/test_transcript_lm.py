@@ -105,6 +105,31 @@ def test_train_rescorer_lowers_held_out_loss_and_the_adapter_rescores(
     assert not_adapter.exit_code == 2 and "is not an adapter file" in not_adapter.stderr
 
 
+def test_train_rescorer_continues_from_an_adapter(trained: Path, tiny_model_dir: Path) -> None:
+    """--init-adapter starts where the earlier run stopped: with a learning rate too small to
+    move anything, the continued adapter reads the held-out sentences as well as its start
+    did, which a run from zero could not; the start's rank 4 replaces the default 16."""
+    start = trained / "adapter.safetensors"
+    out = trained.parent / "continued"
+    text = str(trained.parent / "transcripts.txt")
+    args = ["train", "rescorer", "--model", str(tiny_model_dir), "--text", text, "--out", str(out)]
+    args += ["--steps", "1", "--batch", "2", "--lr", "1e-9", "--warmup", "1", "--held-out", "4"]
+    result = CliRunner().invoke(app, [*args, "--init-adapter", str(start), "--threads", "1"])
+    assert result.exit_code == 0, result.output
+    infos = []
+    for path in (start, out / "adapter.safetensors"):
+        with safe_open(str(path), framework="pt") as f:
+            infos.append(json.loads(f.metadata()["info"]))
+            assert json.loads(f.metadata()["lora_config"])["rank"] == 4
+    assert infos[1]["init_adapter"] == str(start) and infos[0]["init_adapter"] is None
+    before, after = infos[1]["held_out_nats_per_token"]
+    assert after < before - 0.5
+    assert after == pytest.approx(infos[0]["held_out_nats_per_token"][1], abs=1e-3)
+
+    missing = CliRunner().invoke(app, [*args, "--init-adapter", str(trained / "none.st")])
+    assert missing.exit_code == 2 and "does not exist" in missing.stderr
+
+
 def test_the_assistant_rescores_with_an_adapted_copy_and_answers_with_the_base(
     trained: Path, tiny_model_dir: Path, tiny_streams: Path
 ) -> None:

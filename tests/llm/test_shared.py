@@ -13,7 +13,13 @@ from edgestream.llm.loading import load_language_model
 from edgestream.llm.lora import LoRAConfig, LoRALinear, adapter_weights, add_lora, merge_lora
 from edgestream.llm.model import Transformer
 from edgestream.llm.msa import StreamConfig
-from edgestream.llm.shared import load_adapter, save_adapter, task_records, train_shared
+from edgestream.llm.shared import (
+    load_adapter,
+    read_adapter,
+    save_adapter,
+    task_records,
+    train_shared,
+)
 from edgestream.llm.tasks import TaskPrompt
 from edgestream.llm.train import TrainConfig
 from tests.conftest import tiny_llama
@@ -119,6 +125,38 @@ def test_adapter_errors_are_clear(tiny_model_dir: Path, tmp_path: Path) -> None:
     save_adapter(weights, LoRAConfig(rank=2, alpha=4), tmp_path / "a.safetensors", {})
     with pytest.raises(ValueError, match="pack=False"):
         load_adapter(tmp_path / "a.safetensors", packed)
+
+
+def test_lora_can_start_from_an_adapter_of_the_same_shape(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    lm = load_language_model(str(tiny_model_dir), pack=False)
+    records = task_records(lm, _prompts(), 8)
+    config = TrainConfig(steps=2, batch_sequences=2, positions_per_sequence=4, warmup_steps=1)
+    lora = LoRAConfig(rank=2, alpha=4)
+    first = train_shared(lm.model, records, lora, None, config, tmp_path / "a", "tiny")
+    save_adapter(first, lora, tmp_path / "a.safetensors", {})
+    start = read_adapter(tmp_path / "a.safetensors")
+    frozen = TrainConfig(**{**config.__dict__, "steps": 1, "lr": 0.0})
+    fresh = load_language_model(str(tiny_model_dir), pack=False).model
+    again = train_shared(
+        fresh, records, lora, None, frozen, tmp_path / "b", "tiny", None, None, start.lora
+    )
+    for key, tensor in adapter_weights(again.lora).items():
+        assert torch.equal(tensor, start.lora[key])  # nothing moved at lr 0: the start was loaded
+    assert any(t.abs().sum() > 0 for k, t in start.lora.items() if k.endswith(".up"))
+    other = load_language_model(str(tiny_model_dir), pack=False).model
+    with pytest.raises(ValueError, match="does not fit"):
+        train_shared(
+            other,
+            records,
+            LoRAConfig(rank=3, alpha=6),
+            None,
+            frozen,
+            tmp_path / "c",
+            "t",
+            init_lora=start.lora,
+        )
 
 
 def test_shared_streams_can_start_from_trained_ones(tiny_model_dir: Path, tmp_path: Path) -> None:
