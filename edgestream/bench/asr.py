@@ -306,6 +306,7 @@ def _bench(
         "left_chunks": options.left_chunks,
         "decoder": _decoder_name(options),
         "endpointing": "silero-vad" if options.vad is not None else "ctc blanks",
+        "endpoint_silence_s": options.silence_after_text_s,
         "overall": table.pop("overall"),
         "groups": table,
     }

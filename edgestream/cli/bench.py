@@ -569,6 +569,7 @@ def bench_asr_command(
     rescore: Rescore = "none",
     rescore_adapter: RescoreAdapter = "default",
     vad: VadOption = False,
+    endpoint_silence: EndpointSilence = None,
     limit: Annotated[int | None, typer.Option(help="At most this many utterances.")] = None,
     pocketsphinx: Annotated[bool, typer.Option(help="Also run pocketsphinx.")] = True,
     backend: Annotated[str, typer.Option(help=BACKEND_HELP)] = "auto",
@@ -594,7 +595,9 @@ def bench_asr_command(
     from edgestream.bench.asr import bench_asr, read_bench_manifest
 
     utterances = read_bench_manifest(manifest, limit)
-    options = streaming_options(chunk_ms, left_chunks, beam, lm, vad, rescore, rescore_adapter)
+    options = streaming_options(
+        chunk_ms, left_chunks, beam, lm, vad, rescore, rescore_adapter, endpoint_silence
+    )
     for output in (json_path, hypotheses):  # fail now, not after the whole run
         if output is not None and not output.parent.is_dir():
             raise FileNotFoundError(f"no folder {output.parent} to write {output.name} into")

@@ -154,6 +154,7 @@ def test_bench_asr_writes_the_report(random_model: Path, tiny_corpus: Path, tmp_
     report = json.loads(out.read_text())
     keys = {"wer", "cer", "rtf", "rtf_2threads", "utterances", "audio_seconds"}
     assert set(report["overall"]) == keys
+    assert report["endpoint_silence_s"] == StreamingOptions.silence_after_text_s
     assert set(report["groups"]) == {"espeak-seen", "espeak-unseen"}
     assert all(set(row) == keys for row in report["groups"].values())
     assert report["overall"]["wer"] > 0.5  # random weights cannot transcribe
@@ -177,10 +178,21 @@ def test_bench_asr_continuous_scores_streams_of_the_utterances(
     arguments = ["--manifest", str(manifest), "--model", str(random_model), "--json", str(out)]
     result = runner.invoke(
         app,
-        ["bench", "asr", *arguments, "--continuous", "0.5", "--hypotheses", str(hypotheses)],
+        [
+            "bench",
+            "asr",
+            *arguments,
+            "--continuous",
+            "0.5",
+            "--endpoint-silence",
+            "0.9",
+            "--hypotheses",
+            str(hypotheses),
+        ],
     )
     assert result.exit_code == 0, result.output
     report = json.loads(out.read_text())
+    assert report["endpoint_silence_s"] == 0.9  # what it measured with, recorded
     entries = read_manifest(manifest)
     assert report["continuous"]["source_utterances"] == len(entries)
     lines = [json.loads(line) for line in hypotheses.read_text().splitlines()]
