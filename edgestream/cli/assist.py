@@ -302,10 +302,8 @@ def train_rescorer_command(
     config = TrainConfig(
         steps=steps, batch_sequences=batch, positions_per_sequence=64, lr=lr, warmup_steps=warmup
     )
-    lora_config = LoRAConfig(rank=lora_rank, alpha=2.0 * lora_rank)
     start = read_adapter(init_adapter) if init_adapter is not None else None
-    if start is not None:
-        lora_config = start.lora_config
+    lora_config = start.lora_config if start else LoRAConfig(rank=lora_rank, alpha=2.0 * lora_rank)
     if text is not None:
         every = text_sentences(text)
         training, held = [s for i, s in enumerate(every) if i % 50], every[::50]
@@ -330,7 +328,7 @@ def train_rescorer_command(
             out,
             model,
             report,
-            init_lora=start and start.lora,
+            init_lora=start.lora if start else None,
         )
     if rank != 0:
         return
