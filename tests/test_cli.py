@@ -95,7 +95,7 @@ def _bad_input_cases(tiny: Path, tmp: Path) -> list[tuple[list[str], str]]:
         (["generate", "hi", "--method", "medusa"], "--method medusa needs heads"),
         (["generate", "hi", "--method", "medusa", "--medusa", str(tmp / "no.st")], "no such file"),
         (["generate", "hi", "--dtype", "float16"], "unknown dtype 'float16'"),
-        (["generate", "hi", "--draft-dtype", "int8"], "unknown draft dtype 'int8'"),
+        (["generate", "hi", "--draft-dtype", "int4"], "unknown draft dtype 'int4'"),
         (["generate", "hi", "--temperature", "-1"], "temperature must be >= 0"),
         (["generate", "hi", "--tree-nodes", "0"], "--tree-nodes must be at least 1, got 0"),
         (["generate", "hi", "--tree-top-k", "4,x"], "--tree-top-k expects integers"),

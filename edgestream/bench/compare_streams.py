@@ -12,7 +12,8 @@ Arms are named `ss@LABEL` and `ss-pld@LABEL`, LABEL being each file's stem (or `
 `--trees 8:4,3,2,1 12:8,6,4,2` gives every file a set of arms per draft tree (nodes: candidates
 per depth), named `ss@LABEL/12:8,6,4,2`; `--methods ss` leaves out the `ss-pld` arms;
 `--context-drafts both` gives every arm a twin that drafts only from the streams' vocabulary
-(`/vocab`) next to the default that also drafts context tokens (`/context`).
+(`/vocab`) next to the default that also drafts context tokens (`/context`);
+`--draft-dtypes float32,int8` gives every arm one twin per drafting precision (`/int8`).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import torch
 
 from edgestream.bench.spec import BenchPrompt, bench_spec, chat_probe, read_spec_prompts, task_suite
 from edgestream.llm.loading import DTYPES, LanguageModel, load_language_model
-from edgestream.llm.methods import Decoder, MethodOptions, make_decoder
+from edgestream.llm.methods import DRAFT_DTYPES, Decoder, MethodOptions, make_decoder
 from edgestream.llm.tree import TreeShape, parse_counts
 
 STREAM_METHODS = ("ss", "ss-pld")
@@ -39,21 +40,25 @@ def stream_arms(
     trees: tuple[TreeShape, ...] = (),
     methods: tuple[str, ...] = STREAM_METHODS,
     context_drafts: tuple[bool, ...] = (True,),
+    draft_dtypes: tuple[str, ...] = ("auto",),
 ) -> dict[str, Decoder]:
     """`ar` and `pld`, then `ss@label` and `ss-pld@label` for every labelled stream file; with
     several `trees`, one set per tree, named `ss@label/NODES:K1,K2,...`; with both
-    `context_drafts` settings, one set each, named `.../context` and `.../vocab`."""
+    `context_drafts` settings, one set each, named `.../context` and `.../vocab`; with several
+    `draft_dtypes`, one set each, named `.../DTYPE`."""
     decoders = {"ar": make_decoder("ar", lm), "pld": make_decoder("pld", lm)}
     for label, path in files.items():
         for tree in trees or (TreeShape(),):
             tree_suffix = f"/{tree_name(tree)}" if len(trees) > 1 else ""
             for context in context_drafts:
-                options = MethodOptions(streams_path=path, tree=tree, context_drafts=context)
-                suffix = tree_suffix
-                if len(context_drafts) > 1:
-                    suffix += "/context" if context else "/vocab"
-                for method in methods:
-                    decoders[f"{method}@{label}{suffix}"] = make_decoder(method, lm, options)
+                context_suffix = ("/context" if context else "/vocab") * (len(context_drafts) > 1)
+                for dtype in draft_dtypes:
+                    options = MethodOptions(
+                        streams_path=path, tree=tree, context_drafts=context, draft_dtype=dtype
+                    )
+                    suffix = tree_suffix + context_suffix + f"/{dtype}" * (len(draft_dtypes) > 1)
+                    for method in methods:
+                        decoders[f"{method}@{label}{suffix}"] = make_decoder(method, lm, options)
     return decoders
 
 
@@ -92,6 +97,11 @@ def _parser() -> argparse.ArgumentParser:
         help="draft context tokens outside the streams' vocabulary: on (the decoder's "
         "default), off, or both (an arm set each)",
     )
+    parser.add_argument(
+        "--draft-dtypes",
+        default="auto",
+        help=f"comma-separated drafting precisions, an arm set each (of {', '.join(DRAFT_DTYPES)})",
+    )
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--json", type=Path, help="write the report here")
@@ -128,11 +138,19 @@ def _methods(text: str) -> tuple[str, ...]:
     return methods
 
 
+def _draft_dtypes(text: str) -> tuple[str, ...]:
+    dtypes = tuple(text.split(","))
+    if not set(dtypes) <= set(DRAFT_DTYPES) or len(set(dtypes)) != len(dtypes):
+        raise ValueError(f"--draft-dtypes expects some of {', '.join(DRAFT_DTYPES)}, got {text!r}")
+    return dtypes
+
+
 def main(argv: list[str] | None = None) -> None:
     args = _parser().parse_args(argv)
     try:
         files = _labelled(args.streams, args.labels)
         trees, methods = _trees(args.trees), _methods(args.methods)
+        draft_dtypes = _draft_dtypes(args.draft_dtypes)
         if args.suite_limit < 0 or args.chat_probe < 0:
             raise ValueError("--suite-limit and --chat-probe must not be negative")
         prompts: list[BenchPrompt] = (
@@ -146,7 +164,9 @@ def main(argv: list[str] | None = None) -> None:
             raise ValueError("no prompts: give --suite-limit > 0, --chat-probe > 0 or --prompts")
         torch.set_num_threads(args.threads)
         lm = load_language_model(args.model, args.dtype)
-        decoders = stream_arms(lm, files, trees, methods, CONTEXT_DRAFTS[args.context_drafts])
+        decoders = stream_arms(
+            lm, files, trees, methods, CONTEXT_DRAFTS[args.context_drafts], draft_dtypes
+        )
     except (ValueError, FileNotFoundError) as err:
         print(f"error: {err}", file=sys.stderr)
         sys.exit(2)

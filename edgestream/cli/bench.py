@@ -191,7 +191,12 @@ def bench_spec_command(
     )
     from edgestream.llm.engine import Sampling
     from edgestream.llm.loading import parse_dtype
-    from edgestream.llm.methods import MethodOptions, drafting_dtype, footprint
+    from edgestream.llm.methods import (
+        MethodOptions,
+        draft_dtype_name,
+        drafting_dtype,
+        footprint,
+    )
 
     names = _split_methods(methods)
     check_baseline_weights(names, medusa, draft)
@@ -261,7 +266,7 @@ def bench_spec_command(
         "pld_tokens": pld_tokens,
         "lookup_tokens": lookup_tokens,
         "lookup_alone_ngram": lookup_alone_ngram,
-        "draft_dtype": str(drafting).removeprefix("torch."),
+        "draft_dtype": draft_dtype_name(drafting),
         "context_drafts": context_drafts,
     }
     if memory:

@@ -191,8 +191,9 @@ MedusaHeadsPath = Annotated[
 DraftDtype = Annotated[
     str,
     typer.Option(
-        help="Precision the streams and Medusa heads draft in: auto (bfloat16 under a float32 "
-        "model on CPUs with native bfloat16), float32 or bfloat16. The output does not change."
+        help="Precision the streams and Medusa heads draft in: auto (under a float32 model, "
+        "bfloat16 on CPUs with native bfloat16, else int8 on x86), float32, bfloat16 or int8 "
+        "(int8 weights, float32 arithmetic). The output does not change."
     ),
 ]
 

@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from edgestream.llm.int8 import Int8Linear
 from edgestream.llm.model import Transformer
 from edgestream.llm.train import (
     IGNORE,
@@ -102,6 +103,29 @@ class MedusaHeads(nn.Module):
         """(dim,) one node's final-norm state -> token ids and log-probabilities, each (K, k)."""
         log_probs, index = torch.log_softmax(self(hidden).float(), -1).topk(k, -1)
         return self.draft_vocab[index], log_probs
+
+
+class Int8MedusaHeads(nn.Module):
+    """Medusa heads for drafting with int8 LM heads (`int8.Int8Linear`), as the streams draft
+    with `--draft-dtype int8`, so the baseline stays like for like. The LM heads are nearly all
+    of the heads' bytes (4 x 8,192 x 576 against 4 x 576 x 576); the residual blocks stay
+    float32."""
+
+    def __init__(self, heads: MedusaHeads) -> None:
+        super().__init__()
+        self.config, self.full_vocab = heads.config, heads.full_vocab
+        self.block_weight = heads.block_weight.detach().float()
+        self.block_bias = heads.block_bias.detach().float()
+        self.lm_heads = nn.ModuleList(Int8Linear(w) for w in heads.head_weight.detach())
+        self.register_buffer("draft_vocab", heads.draft_vocab)
+
+    def forward(self, hidden: Tensor) -> Tensor:
+        """Final-norm states (..., dim) -> float32 logits (..., K, V_draft)."""
+        x = hidden.float()[..., None, :]
+        x = x + F.silu(torch.einsum("...kd,ked->...ke", x, self.block_weight) + self.block_bias)
+        return torch.stack([head(x[..., k, :]) for k, head in enumerate(self.lm_heads)], -2)
+
+    top_k = MedusaHeads.top_k
 
 
 class MedusaObjective(nn.Module):
@@ -203,3 +227,13 @@ def load_medusa(
         lambda c: MedusaHeads(model.config, MedusaConfig(**c)),
         dtype or model.dtype,
     )
+
+
+def medusa_for_drafting(
+    path: Path, model: Transformer, dtype: torch.dtype
+) -> MedusaHeads | Int8MedusaHeads:
+    """Heads saved by `save_medusa`, ready to draft with weights in `dtype` (`torch.qint8`:
+    int8 LM heads)."""
+    if dtype == torch.qint8:
+        return Int8MedusaHeads(load_medusa(path, model, torch.float32)[0])
+    return load_medusa(path, model, dtype)[0]

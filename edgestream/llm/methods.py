@@ -23,15 +23,16 @@ from edgestream.llm.engine import (
     generate_ar,
     generate_ss,
 )
+from edgestream.llm.int8 import int8_available, int8_measured
 from edgestream.llm.loading import LanguageModel
-from edgestream.llm.medusa import load_medusa
+from edgestream.llm.medusa import load_medusa, medusa_for_drafting
 from edgestream.llm.model import native_bfloat16
 from edgestream.llm.msa import DraftHead, SpeculativeStreams, load_streams
 from edgestream.llm.tree import TreeShape
 from edgestream.llm.weights_file import read_weights
 
 METHODS = ("ar", "ss", "ss-pld", "pld", "medusa", "draft")
-DRAFT_DTYPES = ("auto", "float32", "bfloat16")
+DRAFT_DTYPES = ("auto", "float32", "bfloat16", "int8")
 WEIGHTS_DIR = Path(__file__).parent / "weights"
 BUNDLED_STREAMS = {"smollm2": WEIGHTS_DIR / "smollm2-ss-lossless.safetensors"}
 
@@ -69,19 +70,32 @@ class MethodOptions:
 
 
 def drafting_dtype(name: str, model_dtype: torch.dtype) -> torch.dtype:
-    """The dtype drafters run in: "auto" is bfloat16 under a float32 model where the CPU has
-    native bfloat16 matrix products (oneDNN says so), otherwise the model's own.
+    """The dtype drafters' weights are in (`torch.qint8` for "int8"). "auto", under a float32
+    model: bfloat16 where the CPU has native bfloat16 matrix products (oneDNN says so), else
+    int8 where PyTorch's x86 int8 kernels run; under any other model, the model's own dtype.
 
     Why it may differ from the model's: drafting a few rows is bound by reading the drafter's
     weights, and a draft only decides what is verified, never what is accepted, so the output
     stays the model's at any drafting precision (docs/speculative-streaming.md measures it).
+    Where bfloat16 is native, int8 against bfloat16 has not been measured, so auto keeps the
+    measured choice.
     """
     if name not in DRAFT_DTYPES:
         raise ValueError(f"unknown draft dtype {name!r}: expected one of {', '.join(DRAFT_DTYPES)}")
+    if name == "int8" and not int8_available():
+        raise ValueError("--draft-dtype int8: this PyTorch build has no quantised int8 engine")
     if name == "auto":
-        use_bf16 = model_dtype == torch.float32 and native_bfloat16()
-        return torch.bfloat16 if use_bf16 else model_dtype
-    return getattr(torch, name)
+        if model_dtype != torch.float32:
+            return model_dtype
+        if native_bfloat16():
+            return torch.bfloat16
+        return torch.qint8 if int8_measured() else model_dtype
+    return torch.qint8 if name == "int8" else getattr(torch, name)
+
+
+def draft_dtype_name(dtype: torch.dtype) -> str:
+    """The `--draft-dtype` name of a drafting dtype."""
+    return "int8" if dtype == torch.qint8 else str(dtype).removeprefix("torch.")
 
 
 def resolve_streams(lm: LanguageModel, path: Path | None) -> tuple[SpeculativeStreams, dict]:
@@ -126,7 +140,7 @@ def make_decoder(
                 "--method medusa needs heads: train them with `edgestream train medusa` "
                 "and pass --medusa PATH"
             )
-        heads, _ = load_medusa(options.medusa_path, lm.model, draft_dtype)
+        heads = medusa_for_drafting(options.medusa_path, lm.model, draft_dtype)
         return lambda prompt_ids, max_new_tokens, on_token=None: generate_medusa(
             lm.model, heads, prompt_ids, max_new_tokens, stop, tree, on_token, sampling
         )

@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from edgestream.llm.int8 import Int8Linear
 from edgestream.llm.model import (
     Block,
     KVCache,
@@ -127,22 +128,25 @@ def _low_rank(update: LowRank, x: Tensor) -> Tensor:
 
 class MergedStreamLayer(nn.Module):
     """One MSA layer's linears for stream rows, ready for inference: the q/k/v and output
-    projections with the adapter folded in (W + B A), all four in the drafting dtype.
+    projections with the adapter folded in (W + B A), all four in the drafting dtype
+    (`torch.qint8`: int8 weights, `int8.Int8Linear`, computing in float32).
 
     Why folded: the stream pass runs a handful of rows, so the adapter's four small matmuls,
     casts and adds per layer cost more than the bytes they add to W. Why another dtype: those
     few rows make the stream pass a read of the top N_s layers' weights, which do not stay in
     the CPU cache between passes (SmolLM2's top 10 layers: 140 MB in float32; their matmuls
-    are 60% of a stream pass, measured), and bfloat16 copies halve the bytes. Drafts decide
-    only what is verified, never what is accepted, so the output stays the base model's at any
-    drafting precision. The residual stream, the norms and attention stay in the model's
-    dtype, so stream rows read the main stream's cached keys and values as they are.
+    are 60% of a stream pass, measured): bfloat16 copies halve the bytes, int8 ones quarter
+    them. Drafts decide only what is verified, never what is accepted, so the output stays the
+    base model's at any drafting precision. The residual stream, the norms and attention stay
+    in the model's dtype, so stream rows read the main stream's cached keys and values as they
+    are.
     """
 
     def __init__(self, block: Block, adapter: StreamAdapter | None, dtype: torch.dtype) -> None:
         super().__init__()
         attn, ff = block.attention, block.feed_forward
         self.dtype = dtype
+        self.compute_dtype = compute_dtype(dtype)
         self.wqkv = _converted(attn.wqkv, dtype, adapter.qkv if adapter else None)
         self.wo = _converted(attn.wo, dtype, adapter.o if adapter else None)
         gate_up = adapter.gate_up if adapter else None
@@ -154,26 +158,33 @@ class MergedStreamLayer(nn.Module):
         self.w_down = None if own else _converted(ff.w_down, dtype, down)
 
     def project_qkv(self, block: Block, h: Tensor) -> Tensor:
-        return self.wqkv(h.to(self.dtype)).to(h.dtype)
+        return self.wqkv(h.to(self.compute_dtype)).to(h.dtype)
 
     def project_out(self, block: Block, out: Tensor) -> Tensor:
-        return self.wo(out.to(self.dtype)).to(out.dtype)
+        return self.wo(out.to(self.compute_dtype)).to(out.dtype)
 
     def feed_forward(self, block: Block, x: Tensor) -> Tensor:
         if self.w_gate_up is None or self.w_down is None:
             return block.feed_forward(x)
-        return swiglu(self.w_gate_up, self.w_down, x.to(self.dtype)).to(x.dtype)
+        return swiglu(self.w_gate_up, self.w_down, x.to(self.compute_dtype)).to(x.dtype)
+
+
+def compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype a drafting layer's inputs and outputs are in: int8 layers compute in float32."""
+    return torch.float32 if dtype == torch.qint8 else dtype
 
 
 def _converted(base: nn.Module, dtype: torch.dtype, update: LowRank | None = None) -> nn.Module:
-    """A linear layer computing base(x) (+ update(x)) in `dtype`, packed if base was; base
-    itself when there is nothing to change."""
+    """A linear layer computing base(x) (+ update(x)) with weights in `dtype` (int8 for
+    `torch.qint8`), packed if base was; base itself when there is nothing to change."""
     weight = base.weight if isinstance(base, nn.Linear) else base.plain_weight()
     if update is None and weight.dtype == dtype:
         return base
     merged = weight.float()
     if update is not None:
         merged = merged + update.up.weight.float() @ update.down.weight.float()  # (out, in)
+    if dtype == torch.qint8:
+        return Int8Linear(merged)
     linear = nn.Linear(weight.shape[1], weight.shape[0], bias=False, dtype=dtype)
     linear.weight = nn.Parameter(merged.to(dtype), requires_grad=False)
     return packed_or_plain(linear) if isinstance(base, PackedLinear) else linear
@@ -348,17 +359,21 @@ class DraftHead:
     """
 
     def __init__(self, model: Transformer, streams: SpeculativeStreams) -> None:
-        self.dtype = streams.draft_dtype or model.dtype
+        weight_dtype = streams.draft_dtype or model.dtype
+        self.dtype = compute_dtype(weight_dtype)  # of the states in, and of context rows
         self.vocab: Tensor | None = None
         if not streams.config.draft_vocab_size:  # the whole vocabulary: the model's own head
-            self.head: nn.Module = _converted(model.output, self.dtype)
+            self.head: nn.Module = _converted(model.output, weight_dtype)
             return
         self.vocab = streams.draft_vocab
         self.model_rows = model.lm_head_weight()  # (V, dim): rows for context tokens
         self.in_vocab = frozenset(self.vocab.tolist())
-        rows = self.model_rows[self.vocab].to(self.dtype)  # (V_d, dim), a copy
-        linear = nn.Linear(rows.shape[1], rows.shape[0], bias=False, dtype=self.dtype)
-        linear.weight = nn.Parameter(rows, requires_grad=False)
+        rows = self.model_rows[self.vocab]  # (V_d, dim)
+        if weight_dtype == torch.qint8:
+            self.head = Int8Linear(rows)
+            return
+        linear = nn.Linear(rows.shape[1], rows.shape[0], bias=False, dtype=weight_dtype)
+        linear.weight = nn.Parameter(rows.to(weight_dtype), requires_grad=False)  # a copy
         self.head = packed_or_plain(linear)
 
     def context(self, tokens: list[int]) -> ContextTokens | None:

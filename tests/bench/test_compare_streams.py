@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from edgestream.bench.compare_streams import main
+from edgestream.llm.int8 import int8_available
 from edgestream.llm.loading import load_language_model
 from edgestream.llm.msa import SpeculativeStreams, StreamConfig, save_streams
 
@@ -63,6 +64,16 @@ def test_context_drafts_both_gives_each_arm_a_vocabulary_only_twin(
     assert all(m["overall"]["exact_match_vs_ar"] == 1.0 for m in methods.values())
 
 
+@pytest.mark.skipif(not int8_available(), reason="this PyTorch build has no int8 engine")
+def test_draft_dtypes_give_each_arm_a_twin_per_precision(
+    tiny_model_dir: Path, tmp_path: Path, two_stream_files: tuple[Path, Path]
+) -> None:
+    argv = [str(two_stream_files[0]), "--labels", "s", "--draft-dtypes", "float32,int8"]
+    methods = _compare(tiny_model_dir, tmp_path, *argv, "--methods", "ss")
+    assert list(methods) == ["ar", "pld", "ss@s/float32", "ss@s/int8"]
+    assert all(m["overall"]["exact_match_vs_ar"] == 1.0 for m in methods.values())
+
+
 def test_missing_file_clashing_labels_and_negative_counts_are_refused(
     two_stream_files: list[Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -74,6 +85,7 @@ def test_missing_file_clashing_labels_and_negative_counts_are_refused(
         [*map(str, two_stream_files), "--trees", "8:4,3", "8:4,3"],
         [*map(str, two_stream_files), "--trees", "0:4"],
         [*map(str, two_stream_files), "--methods", "ss,medusa"],
+        [*map(str, two_stream_files), "--draft-dtypes", "float32,int4"],
     ):
         with pytest.raises(SystemExit) as exit_info:
             main(argv)

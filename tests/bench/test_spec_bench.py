@@ -49,7 +49,7 @@ def setup(tiny_model_dir: Path, tmp_path: Path) -> tuple[Path, Path]:
     return prompts, tmp_path / "streams.safetensors"
 
 
-@pytest.mark.parametrize("draft_dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("draft_dtype", ["float32", "bfloat16", "int8"])
 def test_ss_matches_ar_and_every_statistic_is_reported(
     tiny_model_dir: Path, setup: tuple[Path, Path], draft_dtype: str
 ) -> None:

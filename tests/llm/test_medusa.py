@@ -11,8 +11,10 @@ import torch
 from edgestream.llm.baselines import generate_medusa
 from edgestream.llm.distill import distill, load_shards
 from edgestream.llm.engine import generate_ar
+from edgestream.llm.int8 import int8_available
 from edgestream.llm.loading import load_language_model
 from edgestream.llm.medusa import (
+    Int8MedusaHeads,
     MedusaConfig,
     MedusaHeads,
     load_medusa,
@@ -112,13 +114,33 @@ def test_medusa_decoding_equals_ar_with_untrained_heads(
     with torch.no_grad():  # random heads: lossless must not depend on their quality
         for p in heads.parameters():
             p.normal_(0, 0.5)
-    low = copy.deepcopy(heads).to(torch.bfloat16)  # drafting in bfloat16 (`--draft-dtype`)
+    low = [copy.deepcopy(heads).to(torch.bfloat16)]  # drafting in bfloat16 (`--draft-dtype`)
+    if int8_available():
+        low.append(Int8MedusaHeads(heads))
     for text in TINY_CORPUS[:4]:
         prompt = lm.encode_prompt(text)
         ar = generate_ar(lm.model, prompt, 40, lm.stop_ids)
         medusa = generate_medusa(lm.model, heads, prompt, 40, lm.stop_ids, shape)
         assert medusa.token_ids == ar.token_ids
         assert medusa.forward_passes <= ar.forward_passes
-        assert generate_medusa(lm.model, low, prompt, 40, lm.stop_ids, shape).token_ids == (
-            ar.token_ids
-        )
+        for drafter in low:
+            drafted = generate_medusa(lm.model, drafter, prompt, 40, lm.stop_ids, shape)
+            assert drafted.token_ids == ar.token_ids
+
+
+@pytest.mark.skipif(not int8_available(), reason="this PyTorch build has no int8 engine")
+@torch.inference_mode()
+def test_int8_heads_draft_what_the_float32_heads_draft(tiny_model_dir: Path) -> None:
+    model = load_language_model(str(tiny_model_dir), pack=False).model
+    torch.manual_seed(0)
+    heads = MedusaHeads(model.config, CONFIG)
+    heads.init_from(model, torch.randperm(model.config.vocab_size)[:64])
+    with torch.no_grad():
+        heads.block_weight.normal_(0, 0.05)
+    int8 = Int8MedusaHeads(heads)
+    hidden = torch.randn(5, model.config.dim)
+    expected, got = heads(hidden), int8(hidden)
+    assert got.dtype == torch.float32 and got.shape == expected.shape == (5, 3, 64)
+    error = (got - expected).norm() / expected.norm()
+    assert 0 < error < 0.02, error  # int8 rounding, no more (and not none: it ran)
+    assert torch.equal(int8.top_k(hidden[0], 4)[0][:, 0], heads.top_k(hidden[0], 4)[0][:, 0])
