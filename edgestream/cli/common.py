@@ -193,7 +193,8 @@ DraftDtype = Annotated[
     typer.Option(
         help="Precision the streams and Medusa heads draft in: auto (under a float32 model, "
         "bfloat16 on CPUs with native bfloat16, else int8 on x86), float32, bfloat16 or int8 "
-        "(int8 weights, float32 arithmetic). The output does not change."
+        "(int8 weights, float32 arithmetic; the draft model of --method draft follows int8 "
+        "only). The output does not change."
     ),
 ]
 

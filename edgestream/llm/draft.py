@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from edgestream.llm.int8 import quantise_linears
 from edgestream.llm.model import Block, PackedLinear, Transformer
 from edgestream.llm.train import IGNORE, Batch, ProgressFn, TrainConfig, fit
 from edgestream.llm.weights_file import load_into, read_weights, save_weights
@@ -120,14 +121,20 @@ def save_draft(draft: Transformer, path: Path, info: dict[str, object]) -> None:
     )
 
 
-def load_draft(path: Path, base: Transformer) -> tuple[Transformer, dict[str, object]]:
-    """A draft saved by `save_draft`, sharing base's embedding, in base's dtype."""
+def load_draft(
+    path: Path, base: Transformer, int8: bool = False
+) -> tuple[Transformer, dict[str, object]]:
+    """A draft saved by `save_draft`, sharing base's embedding, in base's dtype; with `int8`,
+    its linear layers (its LM head too: most of its bytes) draft through int8 weights
+    (`int8.Int8Linear`), as the streams and Medusa heads do under `--draft-dtype int8`."""
     tensors, settings, info = read_weights(path, "draft_config", "draft model")
     n_layers = settings.get("n_layers")
     if not isinstance(n_layers, int) or not 1 <= n_layers < base.config.n_layers:
         raise ValueError(f"{path} is not a draft model for this base model")
     draft = truncated_copy(base, n_layers, copy_layers=False)
     load_into(DraftWeights(draft), {k: v.to(base.dtype) for k, v in tensors.items()}, path)
-    if isinstance(base.output, PackedLinear):  # a packed base: pack the draft's layers too
+    if int8:
+        quantise_linears(draft)
+    elif isinstance(base.output, PackedLinear):  # a packed base: pack the draft's layers too
         draft.pack_weights()
     return draft.eval().requires_grad_(False), info

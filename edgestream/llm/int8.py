@@ -16,6 +16,8 @@ import warnings
 import torch
 from torch import Tensor, nn
 
+from edgestream.llm.model import PackedLinear
+
 # Quantised engines whose int8 drafting was measured to pay (x86: fbgemm plus oneDNN).
 MEASURED_ENGINES = ("x86", "fbgemm")
 
@@ -58,3 +60,17 @@ class Int8Linear(nn.Module):
         """(..., in) -> float32 (..., out); the kernel takes 2-d inputs only."""
         rows = x.reshape(-1, self.in_features).float()
         return self.linear(rows).reshape(*x.shape[:-1], self.out_features)
+
+
+def quantise_linears(module: nn.Module) -> nn.Module:
+    """Replace the float linear layers among `module`'s descendants by `Int8Linear`s, in place.
+
+    Only attributes are reassigned, so a layer that `module` shares with another model is
+    replaced in `module` alone when it is `module`'s own child (a draft model's LM head)."""
+    for parent in list(module.modules()):
+        for name, child in parent.named_children():
+            if isinstance(child, PackedLinear):
+                setattr(parent, name, Int8Linear(child.plain_weight()))
+            elif isinstance(child, nn.Linear) and child.bias is None:
+                setattr(parent, name, Int8Linear(child.weight))
+    return module

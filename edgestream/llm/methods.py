@@ -150,7 +150,7 @@ def make_decoder(
                 "--method draft needs a draft model: train one with `edgestream train draft` "
                 "and pass --draft PATH"
             )
-        draft, _ = load_draft(options.draft_path, lm.model)
+        draft, _ = load_draft(options.draft_path, lm.model, int8=draft_dtype == torch.qint8)
         return lambda prompt_ids, max_new_tokens, on_token=None: generate_draft(
             lm.model,
             draft,

@@ -11,6 +11,7 @@ from edgestream.llm.baselines import generate_draft
 from edgestream.llm.distill import distill, load_shards
 from edgestream.llm.draft import load_draft, save_draft, train_draft, truncated_copy
 from edgestream.llm.engine import Sampling, generate_ar
+from edgestream.llm.int8 import Int8Linear, int8_available
 from edgestream.llm.loading import load_language_model
 from edgestream.llm.model import Transformer
 from edgestream.llm.tasks import TaskPrompt
@@ -105,6 +106,12 @@ def test_draft_learns_saves_and_loads(tiny_model_dir: Path, tmp_path: Path) -> N
     prompt = packed.encode_prompt(TINY_CORPUS[0])
     expected = generate_ar(packed.model, prompt, 20, packed.stop_ids).token_ids
     assert generate_draft(packed.model, loaded, prompt, 20, packed.stop_ids).token_ids == expected
+    if int8_available():  # int8 drafts (`--draft-dtype int8`): other drafts, the same output
+        base_head = packed.model.output
+        low, _ = load_draft(path, packed.model, int8=True)
+        assert isinstance(low.output, Int8Linear) and packed.model.output is base_head
+        assert isinstance(low.layers[0].attention.wqkv, Int8Linear)
+        assert generate_draft(packed.model, low, prompt, 20, packed.stop_ids).token_ids == expected
     bad = tmp_path / "bad.safetensors"
     bad.write_bytes(b"nope")
     with pytest.raises(ValueError, match="not a draft model file"):
