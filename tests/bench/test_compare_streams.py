@@ -55,22 +55,30 @@ def test_every_tree_gets_its_arms(
     assert methods["ss@s/1:4"]["overall"]["mean_accepted"] <= 1.0  # the root alone per pass
 
 
-def test_context_drafts_both_gives_each_arm_a_vocabulary_only_twin(
-    tiny_model_dir: Path, tmp_path: Path, two_stream_files: tuple[Path, Path]
-) -> None:
-    argv = [str(two_stream_files[0]), "--labels", "s", "--context-drafts", "both"]
-    methods = _compare(tiny_model_dir, tmp_path, *argv, "--methods", "ss")
-    assert list(methods) == ["ar", "pld", "ss@s/context", "ss@s/vocab"]
-    assert all(m["overall"]["exact_match_vs_ar"] == 1.0 for m in methods.values())
+TWIN_OPTIONS = [
+    pytest.param(["--context-drafts", "both"], ["context", "vocab"], id="context-drafts"),
+    pytest.param(
+        ["--draft-dtypes", "float32,int8"],
+        ["float32", "int8"],
+        id="draft-dtypes",
+        marks=pytest.mark.skipif(not int8_available(), reason="no int8 engine in this PyTorch"),
+    ),
+]
 
 
-@pytest.mark.skipif(not int8_available(), reason="this PyTorch build has no int8 engine")
-def test_draft_dtypes_give_each_arm_a_twin_per_precision(
-    tiny_model_dir: Path, tmp_path: Path, two_stream_files: tuple[Path, Path]
+@pytest.mark.parametrize(("option", "suffixes"), TWIN_OPTIONS)
+def test_an_option_with_two_values_gives_each_arm_a_twin(
+    tiny_model_dir: Path,
+    tmp_path: Path,
+    two_stream_files: tuple[Path, Path],
+    option: list[str],
+    suffixes: list[str],
 ) -> None:
-    argv = [str(two_stream_files[0]), "--labels", "s", "--draft-dtypes", "float32,int8"]
+    """--context-drafts both: a twin drafting from the streams' vocabulary only;
+    --draft-dtypes: a twin per drafting precision."""
+    argv = [str(two_stream_files[0]), "--labels", "s", *option]
     methods = _compare(tiny_model_dir, tmp_path, *argv, "--methods", "ss")
-    assert list(methods) == ["ar", "pld", "ss@s/float32", "ss@s/int8"]
+    assert list(methods) == ["ar", "pld", *(f"ss@s/{suffix}" for suffix in suffixes)]
     assert all(m["overall"]["exact_match_vs_ar"] == 1.0 for m in methods.values())
 
 
