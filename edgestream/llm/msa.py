@@ -183,11 +183,17 @@ def _converted(base: nn.Module, dtype: torch.dtype, update: LowRank | None = Non
     merged = weight.float()
     if update is not None:
         merged = merged + update.up.weight.float() @ update.down.weight.float()  # (out, in)
+    return _inference_linear(merged, dtype, pack=isinstance(base, PackedLinear))
+
+
+def _inference_linear(weight: Tensor, dtype: torch.dtype, pack: bool) -> nn.Module:
+    """y = x weight^T with the (out, in) weight held in `dtype`: an `Int8Linear` for
+    `torch.qint8`, else a frozen linear layer, packed where oneDNN can (if `pack`)."""
     if dtype == torch.qint8:
-        return Int8Linear(merged)
+        return Int8Linear(weight)
     linear = nn.Linear(weight.shape[1], weight.shape[0], bias=False, dtype=dtype)
-    linear.weight = nn.Parameter(merged.to(dtype), requires_grad=False)
-    return packed_or_plain(linear) if isinstance(base, PackedLinear) else linear
+    linear.weight = nn.Parameter(weight.to(dtype), requires_grad=False)
+    return packed_or_plain(linear) if pack else linear
 
 
 class SpeculativeStreams(nn.Module):
@@ -368,13 +374,8 @@ class DraftHead:
         self.vocab = streams.draft_vocab
         self.model_rows = model.lm_head_weight()  # (V, dim): rows for context tokens
         self.in_vocab = frozenset(self.vocab.tolist())
-        rows = self.model_rows[self.vocab]  # (V_d, dim)
-        if weight_dtype == torch.qint8:
-            self.head = Int8Linear(rows)
-            return
-        linear = nn.Linear(rows.shape[1], rows.shape[0], bias=False, dtype=weight_dtype)
-        linear.weight = nn.Parameter(rows.to(weight_dtype), requires_grad=False)  # a copy
-        self.head = packed_or_plain(linear)
+        # (V_d, dim) rows, a copy
+        self.head = _inference_linear(self.model_rows[self.vocab], weight_dtype, pack=True)
 
     def context(self, tokens: list[int]) -> ContextTokens | None:
         """A request's context vocabulary, starting from its prompt; None where the streams
