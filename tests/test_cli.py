@@ -80,11 +80,22 @@ def test_the_tree_options_reach_the_decoder(tiny_model_dir: Path, tiny_streams: 
     assert generate("--no-context-drafts")["exact_match_vs_ar"] is True
 
 
+def test_generate_in_q4_1_with_streams(tiny_model_dir: Path, tiny_streams: Path) -> None:
+    argv = ["generate", "the quick brown fox", "--model", str(tiny_model_dir), "--no-chat"]
+    argv += ["--dtype", "q4_1", "--method", "ss", "--streams", str(tiny_streams)]
+    result = runner.invoke(app, [*argv, "--max-new-tokens", "8", "--json"])
+    assert result.exit_code == 0, result.output
+    record = json.loads(result.stdout)
+    assert record["dtype"] == "q4_1" and record["new_tokens"] == len(record["token_ids"]) == 8
+
+
 def _bad_input_cases(tiny: Path, tmp: Path) -> list[tuple[list[str], str]]:
     bert = tmp / "bert"
     bert.mkdir()
     (bert / "config.json").write_text(json.dumps({"model_type": "bert"}))
     long_prompt = " ".join(["the quick brown fox"] * 60)  # > 96 tokens, the tiny context
+    adapter = tmp / "adapter.safetensors"
+    adapter.write_bytes(b"refused before it is read")
     return [
         (["generate", ""], "prompt is empty"),
         (["generate", "hi", "--model", "no-such-model"], "unknown model 'no-such-model'"),
@@ -95,6 +106,11 @@ def _bad_input_cases(tiny: Path, tmp: Path) -> list[tuple[list[str], str]]:
         (["generate", "hi", "--method", "medusa"], "--method medusa needs heads"),
         (["generate", "hi", "--method", "medusa", "--medusa", str(tmp / "no.st")], "no such file"),
         (["generate", "hi", "--dtype", "float16"], "unknown dtype 'float16'"),
+        (["generate", "hi", "--dtype", "q4"], "expected one of float32, bfloat16, q4_1"),
+        (
+            ["generate", "hi", "--model", str(tiny), "--dtype", "q4_1", "--adapter", str(adapter)],
+            "--adapter needs --dtype float32 or bfloat16, not q4_1",
+        ),
         (["generate", "hi", "--draft-dtype", "int4"], "unknown draft dtype 'int4'"),
         (["generate", "hi", "--temperature", "-1"], "temperature must be >= 0"),
         (["generate", "hi", "--tree-nodes", "0"], "--tree-nodes must be at least 1, got 0"),

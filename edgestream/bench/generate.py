@@ -16,7 +16,8 @@ import torch
 
 from edgestream.bench.environment import machine_facts
 from edgestream.llm.engine import generate_ar
-from edgestream.llm.loading import load_hf, parse_dtype
+from edgestream.llm.int4 import use_q4_1_linears
+from edgestream.llm.loading import load_hf, parse_dtype, resolve_model
 from edgestream.llm.model import Transformer, can_pack_weights
 
 # A fixed, varied set of chat prompts: facts, explanation, code, maths, list, rewrite, story.
@@ -66,6 +67,7 @@ class DtypeResult:
         ratios = [p.hf_seconds / p.ours_seconds for p in self.prompts]
         return {
             "dtype": self.dtype,
+            "transformers_dtype": transformers_dtype(self.dtype),
             "ours_tokens_per_second": self.ours_tokens_per_second,
             "transformers_tokens_per_second": self.hf_tokens_per_second,
             "speedup": self.speedup,
@@ -76,6 +78,11 @@ class DtypeResult:
             "new_tokens": sum(p.new_tokens for p in self.prompts),
             "prompts": [asdict(p) for p in self.prompts],
         }
+
+
+def transformers_dtype(dtype: str) -> str:
+    """What transformers runs in next to our `dtype`: the same, but float32 for q4_1."""
+    return "float32" if dtype == "q4_1" else dtype
 
 
 def _chat_ids(tokenizer: object, prompt: str) -> list[int]:
@@ -117,9 +124,16 @@ def bench_dtype(
     repeats: int,
     progress: Callable[[str], None] | None = None,
 ) -> DtypeResult:
-    """Time both engines on every prompt `repeats` times, interleaved; medians per prompt."""
-    hf_model, tokenizer = load_hf(model_name, parse_dtype(dtype))
-    ours = Transformer.from_hf(hf_model, parse_dtype(dtype))
+    """Time both engines on every prompt `repeats` times, interleaved; medians per prompt.
+
+    Under q4_1 transformers runs in float32: it dequantises a GGUF and has no 4-bit CPU path,
+    so float32 is what a transformers user gets from the same file.
+    """
+    reference_dtype = parse_dtype(transformers_dtype(dtype))
+    hf_model, tokenizer = load_hf(model_name, reference_dtype)
+    ours = Transformer.from_hf(hf_model, reference_dtype)
+    if dtype == "q4_1":
+        use_q4_1_linears(ours, resolve_model(model_name))
     if can_pack_weights():
         ours.pack_weights()
     eos = tokenizer.eos_token_id

@@ -14,6 +14,7 @@ from edgestream.cli.common import (
     BACKEND_HELP,
     BENCH_METHODS,
     METHODS,
+    PRECISION_HELP,
     AdapterPath,
     AsrModelName,
     Beam,
@@ -54,7 +55,13 @@ if TYPE_CHECKING:
 @user_errors
 def bench_generate_command(
     model: Annotated[str, typer.Option(help="Model name (smollm2) or local path.")] = "smollm2",
-    dtypes: Annotated[str, typer.Option(help="Comma-separated dtypes.")] = "float32,bfloat16",
+    dtypes: Annotated[
+        str,
+        typer.Option(
+            help="Comma-separated precisions: float32, bfloat16, q4_1 (transformers runs "
+            "q4_1's rows in float32, having no 4-bit CPU path)."
+        ),
+    ] = "float32,bfloat16",
     prompts: Annotated[
         Path | None, typer.Option(help="Text file, one prompt per line (default: a built-in set).")
     ] = None,
@@ -67,11 +74,11 @@ def bench_generate_command(
     from rich.table import Table
 
     from edgestream.bench.generate import bench_generate
-    from edgestream.llm.loading import parse_dtype
+    from edgestream.llm.loading import parse_precision
 
     dtype_list = [d.strip() for d in dtypes.split(",") if d.strip()]
     for d in dtype_list:
-        parse_dtype(d)
+        parse_precision(d)
     if max_new_tokens < 1:
         raise ValueError(f"--max-new-tokens must be at least 1, got {max_new_tokens}")
     if threads < 1:
@@ -94,7 +101,9 @@ def bench_generate_command(
         table.add_column(column, justify="right")
     for r in report["results"]:
         table.add_row(
-            r["dtype"],
+            r["dtype"]
+            if r["dtype"] == r["transformers_dtype"]
+            else f"{r['dtype']} (transformers {r['transformers_dtype']})",
             f"{r['ours_tokens_per_second']:.1f}",
             f"{r['transformers_tokens_per_second']:.1f}",
             f"{r['speedup']:.2f}x",
@@ -142,7 +151,7 @@ def bench_spec_command(
     limit: Annotated[
         int, typer.Option(help="Prompts per category or kind (suite) or in all (file).")
     ] = 10,
-    dtype: Annotated[str, typer.Option(help="float32 or bfloat16.")] = "float32",
+    dtype: Annotated[str, typer.Option(help=PRECISION_HELP)] = "float32",
     threads: Annotated[int, typer.Option(help="CPU threads.")] = 2,
     temperature: Annotated[
         float, typer.Option(help="0 = greedy; > 0 samples (every method with --seed).")
@@ -190,7 +199,7 @@ def bench_spec_command(
         read_spec_prompts,
     )
     from edgestream.llm.engine import Sampling
-    from edgestream.llm.loading import parse_dtype
+    from edgestream.llm.loading import parse_precision
     from edgestream.llm.methods import (
         MethodOptions,
         draft_dtype_name,
@@ -200,7 +209,7 @@ def bench_spec_command(
 
     names = _split_methods(methods)
     check_baseline_weights(names, medusa, draft)
-    drafting = drafting_dtype(draft_dtype, parse_dtype(dtype))
+    drafting = drafting_dtype(draft_dtype, parse_precision(dtype))
     tree = tree_shape(tree_nodes, tree_top_k, tree_min_prob)
     if (prompts is None) == (suite is None):
         raise ValueError(f"give exactly one of --prompts FILE or --suite {{{','.join(SUITES)}}}")
@@ -377,7 +386,7 @@ def bench_quality_command(
     model: Annotated[str, typer.Option(help="Model name (smollm2) or local path.")] = "smollm2",
     limit: Annotated[int, typer.Option(help="Held-back test prompts.")] = 50,
     max_new_tokens: Annotated[int, typer.Option(help="Upper bound on new tokens.")] = 128,
-    dtype: Annotated[str, typer.Option(help="float32 or bfloat16.")] = "float32",
+    dtype: Annotated[str, typer.Option(help=PRECISION_HELP)] = "float32",
     threads: Annotated[int, typer.Option(help="CPU threads.")] = 2,
     speed: Annotated[
         bool, typer.Option(help="Also decode with SS where streams exist (speed, exact match).")
@@ -399,7 +408,7 @@ def bench_quality_command(
         speed_stats,
     )
     from edgestream.bench.results import format_difference
-    from edgestream.llm.loading import parse_dtype
+    from edgestream.llm.loading import parse_precision
     from edgestream.llm.methods import MethodOptions, make_decoder, resolve_streams
     from edgestream.llm.tasks import task_prompts
 
@@ -407,7 +416,7 @@ def bench_quality_command(
         raise ValueError(f"unknown task {task!r}: expected one of {', '.join(QUALITY_TASKS)}")
     if limit < 1 or max_new_tokens < 1:
         raise ValueError("--limit and --max-new-tokens must be at least 1")
-    parse_dtype(dtype)
+    parse_precision(dtype)
     for path in adapter or []:
         if not path.is_file():
             raise ValueError(f"--adapter {str(path)!r}: no such file")

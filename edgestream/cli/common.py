@@ -188,6 +188,13 @@ MedusaHeadsPath = Annotated[
 ]
 
 
+PRECISION_HELP = (
+    "float32, bfloat16 or q4_1 (the GGUF's own 4-bit weights in the decoder's linear layers, "
+    "bfloat16 inputs to them, float32 elsewhere; outputs differ from float32's at near-ties, "
+    "as bfloat16's do)."
+)
+
+
 DraftDtype = Annotated[
     str,
     typer.Option(
@@ -261,6 +268,9 @@ def load_for_decoding(model: str, dtype: str, adapter: Path | None) -> tuple[obj
         return load_language_model(model, dtype), None
     if not adapter.is_file():
         raise ValueError(f"--adapter {str(adapter)!r}: no such file")
+    if dtype == "q4_1":
+        # The adapter's LoRA changes the very weights the 4-bit blocks hold.
+        raise ValueError("--adapter needs --dtype float32 or bfloat16, not q4_1")
     from edgestream.llm.shared import load_adapter
 
     lm = load_language_model(model, dtype, pack=False)

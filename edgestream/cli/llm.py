@@ -12,6 +12,7 @@ import typer
 
 from edgestream.cli.common import (
     METHODS,
+    PRECISION_HELP,
     AdapterPath,
     ContextDrafts,
     DraftDtype,
@@ -51,7 +52,7 @@ def generate(
     temperature: Annotated[float, typer.Option(help="0 decodes greedily.")] = 0.0,
     top_p: Annotated[float, typer.Option(help="Nucleus sampling mass.")] = 1.0,
     seed: Annotated[int | None, typer.Option(help="Random seed for sampling.")] = None,
-    dtype: Annotated[str, typer.Option(help="float32 or bfloat16.")] = "float32",
+    dtype: Annotated[str, typer.Option(help=PRECISION_HELP)] = "float32",
     threads: Annotated[int | None, typer.Option(help="CPU threads (default: PyTorch's).")] = None,
     streams: Annotated[
         Path | None, typer.Option(help="Stream weights for --method ss (default: bundled).")
@@ -72,7 +73,7 @@ def generate(
     """Generate a reply to PROMPT and report its speed."""
     from edgestream.bench.environment import peak_rss_mib
     from edgestream.llm.engine import Sampling
-    from edgestream.llm.loading import parse_dtype
+    from edgestream.llm.loading import parse_precision
     from edgestream.llm.methods import MethodOptions, drafting_dtype, make_decoder
 
     if method not in METHODS:
@@ -82,7 +83,7 @@ def generate(
         raise ValueError("the prompt is empty")
     if max_new_tokens < 1:
         raise ValueError(f"--max-new-tokens must be at least 1, got {max_new_tokens}")
-    drafting_dtype(draft_dtype, parse_dtype(dtype))
+    drafting_dtype(draft_dtype, parse_precision(dtype))
     tree = tree_shape(tree_nodes, tree_top_k, tree_min_prob)
     sampling = Sampling(temperature=temperature, top_p=top_p, seed=seed)
     set_threads(threads)

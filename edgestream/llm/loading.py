@@ -20,6 +20,7 @@ from pathlib import Path
 
 import torch
 
+from edgestream.llm.int4 import use_q4_1_linears
 from edgestream.llm.model import Transformer, can_pack_weights, native_bfloat16
 
 
@@ -36,6 +37,9 @@ MODEL_ALIASES: dict[str, GGUFAlias] = {
 DEFAULT_MODEL = "smollm2"
 SUPPORTED_MODEL_TYPES = ("llama",)
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+# What inference runs in: a dtype, or "q4_1": float32 activations with every decoder layer's
+# linears on 4-bit weights, the GGUF's own Q4_1 blocks where it has them (`int4.py`).
+PRECISIONS = (*DTYPES, "q4_1")
 
 
 def cache_root() -> Path:
@@ -51,6 +55,13 @@ def parse_dtype(name: str) -> torch.dtype:
     if name not in DTYPES:
         raise ValueError(f"unknown dtype {name!r}: expected one of {', '.join(DTYPES)}")
     return DTYPES[name]
+
+
+def parse_precision(name: str) -> torch.dtype:
+    """The dtype of activations (and of weights not held in 4 bits) for an inference precision."""
+    if name not in PRECISIONS:
+        raise ValueError(f"unknown dtype {name!r}: expected one of {', '.join(PRECISIONS)}")
+    return torch.float32 if name == "q4_1" else DTYPES[name]
 
 
 def training_dtype() -> str:
@@ -292,12 +303,15 @@ def load_language_model(
 ) -> LanguageModel:
     """Load a model into our engine, for inference. The transformers copy is dropped.
 
-    `pack` prepacks the weights for oneDNN where this PyTorch build can (see `PackedLinear`).
+    `dtype` is one of PRECISIONS. `pack` prepacks the weights for oneDNN where this PyTorch
+    build can (see `PackedLinear`).
     """
-    torch_dtype = parse_dtype(dtype)
+    torch_dtype = parse_precision(dtype)
     hf_model, tokenizer = load_hf(name_or_path)
     try:
         model = Transformer.from_hf(hf_model, torch_dtype)
+        if dtype == "q4_1":
+            use_q4_1_linears(model, resolve_model(name_or_path))
     except ValueError as err:
         raise ValueError(f"model {name_or_path!r}: {err}") from err
     if pack and can_pack_weights():

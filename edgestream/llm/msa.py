@@ -26,7 +26,6 @@ from edgestream.llm.int8 import Int8Linear
 from edgestream.llm.model import (
     Block,
     KVCache,
-    PackedLinear,
     Transformer,
     apply_rotary,
     grouped_query_attention,
@@ -176,14 +175,15 @@ def compute_dtype(dtype: torch.dtype) -> torch.dtype:
 
 def _converted(base: nn.Module, dtype: torch.dtype, update: LowRank | None = None) -> nn.Module:
     """A linear layer computing base(x) (+ update(x)) with weights in `dtype` (int8 for
-    `torch.qint8`), packed if base was; base itself when there is nothing to change."""
+    `torch.qint8`), packed unless base is a plain (training) layer; base itself when there is
+    nothing to change."""
     weight = base.weight if isinstance(base, nn.Linear) else base.plain_weight()
     if update is None and weight.dtype == dtype:
         return base
     merged = weight.float()
     if update is not None:
         merged = merged + update.up.weight.float() @ update.down.weight.float()  # (out, in)
-    return _inference_linear(merged, dtype, pack=isinstance(base, PackedLinear))
+    return _inference_linear(merged, dtype, pack=not isinstance(base, nn.Linear))
 
 
 def _inference_linear(weight: Tensor, dtype: torch.dtype, pack: bool) -> nn.Module:
