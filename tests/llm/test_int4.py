@@ -60,6 +60,18 @@ def test_int4_linear_is_the_product_with_bfloat16_inputs_and_scales(
     assert ((got - expected).abs() <= 2**-8 * expected.abs() + 1e-5 * magnitude).all()
 
 
+@needs_int4
+def test_many_rows_are_multiplied_by_the_exact_dequantised_weight() -> None:
+    blocks = random_blocks(48, 96, seed=3)
+    layer = Int4Linear(blocks)
+    assert torch.equal(layer.plain_weight(), blocks.dequantised())  # the nibbles unpack right
+    x = torch.randn(Int4Linear.MANY_ROWS + 3, 96)
+    assert torch.equal(layer(x), torch.nn.functional.linear(x, blocks.dequantised()))
+    # Below the threshold the bfloat16 kernel runs instead: close, not equal.
+    few = x[:5]
+    assert not torch.equal(layer(few), few @ blocks.dequantised().T)
+
+
 @settings(max_examples=25, deadline=None)
 @given(out_features=st.integers(1, 8), groups=st.integers(1, 3), seed=st.integers(0, 2**16))
 def test_quantise_stays_within_half_a_step_of_every_weight(
