@@ -8,12 +8,14 @@ decode step on a CPU is bound by.
 
 The kernel (`aten._weight_int4pack_mm_for_cpu`) takes bfloat16 inputs and scales: each row's
 input is rounded to bfloat16 and each block's (d, m) too, and the products are summed in
-float32. Everything else (residual stream, norms, attention, LM head) stays float32. So q4_1
-output is not float32's token for token: it is a precision of its own, like bfloat16. Nor is
-speculative decoding under q4_1 token for token q4_1's autoregressive decoding, although the
-kernel computes each row on its own: attention over several query rows sums in another order
-than over one (float32 differences of ~1e-7, harmless in float32), and rounding the next
-layer's input to bfloat16 can magnify one to ~0.1 of a logit, enough to flip a near-tie.
+float32. Everything else (residual stream, norms, attention, LM head) stays float32, and a
+prompt of 128 tokens or more is multiplied in float32 by the dequantised blocks (`Int4Linear`
+says why). So q4_1 output is not float32's token for token: it is a precision of its own,
+like bfloat16. Nor is speculative decoding under q4_1 token for token q4_1's autoregressive
+decoding, although the kernel computes each row on its own: attention over several query
+rows sums in another order than over one (float32 differences of ~1e-7, harmless in float32),
+and rounding the next layer's input to bfloat16 can magnify one to ~0.1 of a logit, enough to
+flip a near-tie.
 """
 
 from __future__ import annotations
