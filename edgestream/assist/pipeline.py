@@ -127,7 +127,9 @@ class Assistant:
         streaming = config.streaming
         wants_copy = config.rescore and config.rescore_adapter != "none"
         if wants_copy and streaming.beam and streaming.rescorer is None:
-            rescorer = load_rescorer(config.llm, config.dtype, config.rescore_adapter)
+            # An adapter's LoRA merges into float weights, which q4_1's 4-bit blocks are not.
+            dtype = "float32" if config.dtype == "q4_1" else config.dtype
+            rescorer = load_rescorer(config.llm, dtype, config.rescore_adapter)
             config = replace(config, streaming=replace(streaming, rescorer=rescorer))
         return cls(asr, load_language_model(config.llm, config.dtype), config)
 

@@ -127,6 +127,7 @@ def test_assist_bad_input(tmp_path: Path, tiny_model_dir: Path, tiny_streams: Pa
         ([str(SAMPLE), "--max-new-tokens", "0"], "max_new_tokens must be at least 1"),
         ([str(SAMPLE), "--chunk-ms", "50"], "multiple of 40 ms"),
         ([str(SAMPLE), "--endpoint-silence", "0"], "--endpoint-silence must be positive"),
+        ([str(SAMPLE), "--dtype", "int4"], "unknown dtype 'int4'"),
     ]
     for args, message in cases:
         result = _assist(args, tiny_model_dir, tiny_streams)

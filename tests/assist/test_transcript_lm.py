@@ -152,6 +152,31 @@ def test_the_assistant_rescores_with_an_adapted_copy_and_answers_with_the_base(
         assert answers[0].result.token_ids == answers[1].result.token_ids, method
 
 
+def test_under_q4_1_the_adapted_rescoring_copy_stays_float32(
+    trained: Path, tiny_model_dir: Path
+) -> None:
+    from edgestream.asr.lm import load_lm
+    from edgestream.asr.streaming import StreamingOptions
+    from edgestream.assist.pipeline import Assistant, AssistantConfig
+    from edgestream.llm.int4 import Int4Linear, int4_available
+
+    if not int4_available():
+        pytest.skip("no int4 CPU kernel in this PyTorch")
+    config = AssistantConfig(
+        llm=str(tiny_model_dir),
+        dtype="q4_1",
+        streaming=StreamingOptions(beam=8, lm=load_lm("default")),
+        rescore_adapter=str(trained / "adapter.safetensors"),
+    )
+    assistant = Assistant.load(config)
+    is_4bit = [isinstance(b.feed_forward.w_down, Int4Linear) for b in assistant.lm.model.layers]
+    copy = assistant.streaming.rescorer.lm.model
+    assert all(is_4bit) and not any(
+        isinstance(b.feed_forward.w_down, Int4Linear) for b in copy.layers
+    )
+    assert assistant.answer("where do penguins live", "ar", max_new_tokens=6).result.token_ids
+
+
 def test_the_bundled_adapter_is_only_the_default_models() -> None:
     assert rescoring_adapter("smollm2", "default") == DEFAULT_ADAPTER
     assert rescoring_adapter("some/other-model", "default") is None
