@@ -224,7 +224,7 @@ def bench_spec(
         "max_new_tokens": max_new_tokens,
         "setup": {
             **machine_facts(threads),
-            "dtype": str(lm.model.dtype).removeprefix("torch."),
+            "dtype": lm.precision,
             "prompts": len(prompts),
             "decoding": "greedy, end to end (prefill included)",
         },

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from edgestream.llm.int4 import use_q4_1_linears
+from edgestream.llm.int4 import Int4Linear, use_q4_1_linears
 from edgestream.llm.model import Transformer, can_pack_weights, native_bfloat16
 
 
@@ -260,6 +260,13 @@ class LanguageModel:
     @property
     def context_length(self) -> int:
         return self.model.config.max_position
+
+    @property
+    def precision(self) -> str:
+        """What the model computes in, one of PRECISIONS (q4_1 has float32 activations)."""
+        if isinstance(self.model.layers[0].feed_forward.w_down, Int4Linear):
+            return "q4_1"
+        return str(self.model.dtype).removeprefix("torch.")
 
     @property
     def stop_ids(self) -> frozenset[int]:

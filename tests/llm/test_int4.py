@@ -125,9 +125,11 @@ def test_rope_row_order_is_transformers_gguf_row_order(heads: int, kv_heads: int
 def test_q4_1_model_follows_the_float_model(tiny_model_dir: Path) -> None:
     from edgestream.llm.loading import load_language_model
 
-    full = load_language_model(str(tiny_model_dir), "float32").model
+    float_lm = load_language_model(str(tiny_model_dir), "float32")
     lm = load_language_model(str(tiny_model_dir), "q4_1")
     assert all(isinstance(b.feed_forward.w_down, Int4Linear) for b in lm.model.layers)
+    assert lm.precision == "q4_1" and float_lm.precision == "float32"
+    full = float_lm.model
     tokens = torch.tensor([[5, 17, 42, 99, 7, 3, 250, 11]])
     with torch.inference_mode():
         want = full(tokens, full.new_cache(16))
