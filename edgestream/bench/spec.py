@@ -337,6 +337,10 @@ def llamacpp_decoder(lm: LanguageModel, gguf: Path, threads: int) -> Decoder:
     def decode(ids: list[int], max_new_tokens: int, _on_token: object) -> GenerationResult:
         budget = check_request(ids, max_new_tokens, lm.context_length)
         new: list[int] = []
+        # Forget the previous prompt: `generate` would otherwise reuse the longest common prefix
+        # (a chat template's system prompt), skipping part of the prefill every other method
+        # pays, and a prompt evaluated in other batches decodes other tokens at near-ties.
+        llm.reset()
         start = time.perf_counter()
         for token in llm.generate(ids, top_k=1, top_p=1.0, temp=0.0, reset=True):
             new.append(token)
