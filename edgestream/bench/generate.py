@@ -16,9 +16,8 @@ import torch
 
 from edgestream.bench.environment import machine_facts
 from edgestream.llm.engine import generate_ar
-from edgestream.llm.int4 import use_q4_1_linears
-from edgestream.llm.loading import load_hf, parse_dtype, resolve_model
-from edgestream.llm.model import Transformer, can_pack_weights
+from edgestream.llm.loading import engine_from_hf, load_hf, parse_dtype, resolve_model
+from edgestream.llm.model import Transformer
 
 # A fixed, varied set of chat prompts: facts, explanation, code, maths, list, rewrite, story.
 DEFAULT_PROMPTS = (
@@ -129,13 +128,8 @@ def bench_dtype(
     Under q4_1 transformers runs in float32: it dequantises a GGUF and has no 4-bit CPU path,
     so float32 is what a transformers user gets from the same file.
     """
-    reference_dtype = parse_dtype(transformers_dtype(dtype))
-    hf_model, tokenizer = load_hf(model_name, reference_dtype)
-    ours = Transformer.from_hf(hf_model, reference_dtype)
-    if dtype == "q4_1":
-        use_q4_1_linears(ours, resolve_model(model_name))
-    if can_pack_weights():
-        ours.pack_weights()
+    hf_model, tokenizer = load_hf(model_name, parse_dtype(transformers_dtype(dtype)))
+    ours = engine_from_hf(hf_model, dtype, resolve_model(model_name))
     eos = tokenizer.eos_token_id
     timers = {"ours": (_time_ours, ours), "transformers": (_time_hf, hf_model)}
     encoded = [_chat_ids(tokenizer, p) for p in prompts]

@@ -313,14 +313,23 @@ def load_language_model(
     `dtype` is one of PRECISIONS. `pack` prepacks the weights for oneDNN where this PyTorch
     build can (see `PackedLinear`).
     """
-    torch_dtype = parse_precision(dtype)
+    parse_precision(dtype)
     hf_model, tokenizer = load_hf(name_or_path)
     try:
-        model = Transformer.from_hf(hf_model, torch_dtype)
-        if dtype == "q4_1":
-            use_q4_1_linears(model, resolve_model(name_or_path))
+        model = engine_from_hf(hf_model, dtype, resolve_model(name_or_path), pack)
     except ValueError as err:
         raise ValueError(f"model {name_or_path!r}: {err}") from err
+    return LanguageModel(model=model, tokenizer=tokenizer, name=name_or_path)
+
+
+def engine_from_hf(
+    hf_model: object, precision: str, source: Path, pack: bool = True
+) -> Transformer:
+    """Our engine's model from a transformers model, in an inference precision (PRECISIONS);
+    `source` is the model's GGUF file or directory, where q4_1 finds its 4-bit blocks."""
+    model = Transformer.from_hf(hf_model, parse_precision(precision))
+    if precision == "q4_1":
+        use_q4_1_linears(model, source)
     if pack and can_pack_weights():
         model.pack_weights()
-    return LanguageModel(model=model, tokenizer=tokenizer, name=name_or_path)
+    return model
