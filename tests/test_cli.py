@@ -131,6 +131,43 @@ def test_bad_input_gives_one_line_and_exit_code_2(tiny_model_dir: Path, tmp_path
         assert message in lines[0], (args, lines[0])
 
 
+def _unwritable_output_cases(tmp: Path) -> list[tuple[list[str], str]]:
+    folder = tmp / "a-folder"
+    folder.mkdir()
+    a_file = tmp / "a-file"
+    a_file.write_text("kept")
+    return [
+        (["bench", "spec", "--json", str(folder)], "is a folder; expected a file path"),
+        (["bench", "generate", "--json", str(a_file / "r.json")], f"{a_file} is not a folder"),
+        (
+            ["bench", "asr", "--manifest", "m.jsonl", "--hypotheses", str(folder)],
+            "--hypotheses",
+        ),
+        (["train", "streams", "--export", str(folder)], "--export"),
+        (["train", "medusa", "--export", str(a_file / "deeper" / "h.st")], "is not a folder"),
+        (["train", "asr", "--manifest", "m.jsonl", "--export", str(folder)], "is a folder"),
+        (["export", "asr", "--out", str(a_file / "onnx")], "cannot make the folder"),
+    ]
+
+
+def test_unwritable_outputs_fail_before_any_work(tmp_path: Path) -> None:
+    for args, message in _unwritable_output_cases(tmp_path):
+        result = runner.invoke(app, args)
+        assert result.exit_code == 2, (args, result.output)
+        lines = result.stderr.strip().splitlines()
+        assert lines == [lines[0]] and lines[0].startswith("error: "), (args, result.stderr)
+        assert message in lines[0], (args, lines[0])
+    assert (tmp_path / "a-file").read_text() == "kept"  # nothing the user gave is touched
+
+
+def test_a_report_that_cannot_be_written_is_one_error(tmp_path: Path) -> None:
+    from edgestream.cli.common import write_report
+
+    (tmp_path / "a-file").write_text("kept")
+    with pytest.raises(ValueError, match="could not write"):
+        write_report({"x": 1}, tmp_path / "a-file" / "report.json")
+
+
 def test_python_dash_m_reports_errors_without_traceback() -> None:
     proc = subprocess.run(
         [sys.executable, "-m", "edgestream", "generate", "hi", "--model", "no-such-model"],

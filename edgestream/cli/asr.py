@@ -24,6 +24,7 @@ from edgestream.cli.common import (
     VadOption,
     app,
     asr_app,
+    exit_with_error,
     export_app,
     set_threads,
     stderr,
@@ -31,6 +32,7 @@ from edgestream.cli.common import (
     train_app,
     training_bar,
     user_errors,
+    writable_file,
 )
 
 if TYPE_CHECKING:
@@ -139,7 +141,10 @@ def train_asr_command(
     config: Annotated[
         Path | None, typer.Option(help="JSON with 'model' and/or 'train' settings to override.")
     ] = None,
-    export: Annotated[Path | None, typer.Option(help="Also copy the final model here.")] = None,
+    export: Annotated[
+        Path | None,
+        typer.Option(help="Also copy the final model here.", callback=writable_file("--export")),
+    ] = None,
     init: Annotated[
         str | None, typer.Option(help="Start from this model ('default' or a file).")
     ] = None,
@@ -252,14 +257,13 @@ def transcribe(
             chunk_ms, left_chunks, beam, lm, vad, rescore, rescore_adapter, endpoint_silence
         )
         asr.chunk_encoder(options.left_chunks * options.chunk_frames)  # settings it can run
-    except (ValueError, FileNotFoundError) as err:
-        print(f"error: {str(err).splitlines()[0]}", file=sys.stderr)
-        raise typer.Exit(2) from None
+    except (ValueError, OSError) as err:
+        exit_with_error(str(err).splitlines()[0])
     failed = False
     for path in audio:  # a bad file is reported and skipped; the others are still transcribed
         try:
             result = _transcribe_one(asr, path, options, stream, json_output, len(audio) > 1)
-        except (ValueError, FileNotFoundError) as err:
+        except (ValueError, OSError) as err:
             print(f"error: {str(err).splitlines()[0]}", file=sys.stderr)
             failed = True
             continue
@@ -339,6 +343,10 @@ def export_asr_command(
     options = streaming_options(chunk_ms, left_chunks, 0, "none")
     if out.exists() and not out.is_dir():
         raise ValueError(f"--out {out} exists and is not a folder")
+    try:
+        out.mkdir(parents=True, exist_ok=True)  # now, not after the export
+    except OSError as err:
+        raise ValueError(f"--out {out}: cannot make the folder ({err.strerror})") from err
     asr = load_model(model)
     if format_ == "coreml":
         from edgestream.asr.coreml import export_coreml

@@ -44,6 +44,7 @@ from edgestream.cli.common import (
     streaming_options,
     tree_shape,
     user_errors,
+    writable_file,
     write_report,
 )
 
@@ -590,7 +591,10 @@ def bench_asr_command(
     json_path: JsonReport = None,
     hypotheses: Annotated[
         Path | None,
-        typer.Option(help="Also write each utterance's reference and hypothesis (JSON Lines)."),
+        typer.Option(
+            help="Also write each utterance's reference and hypothesis (JSON Lines).",
+            callback=writable_file("--hypotheses"),
+        ),
     ] = None,
     continuous: Annotated[
         float | None,
@@ -612,9 +616,6 @@ def bench_asr_command(
     options = streaming_options(
         chunk_ms, left_chunks, beam, lm, vad, rescore, rescore_adapter, endpoint_silence
     )
-    for output in (json_path, hypotheses):  # fail now, not after the whole run
-        if output is not None and not output.parent.is_dir():
-            raise FileNotFoundError(f"no folder {output.parent} to write {output.name} into")
     load_streaming_model(model, backend).chunk_encoder(  # bad model or settings: fail now
         options.left_chunks * options.chunk_frames
     )

@@ -1,8 +1,9 @@
 """What every command shares: the Typer apps, the error rule, options declared once, and
 loading helpers.
 
-Every command turns bad input (ValueError, FileNotFoundError from the library) into one line on
-stderr and exit code 2 (`user_errors`); tracebacks are for bugs only.
+Every command turns bad input (ValueError, and OSError such as a missing file or a path that
+cannot be written) into one line on stderr and exit code 2 (`user_errors`); tracebacks are for
+bugs only.
 """
 
 from __future__ import annotations
@@ -10,11 +11,12 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
+import os
 import sys
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Annotated, NoReturn, ParamSpec, TypeVar
 
 import typer
 from rich.console import Console
@@ -92,7 +94,43 @@ ChunkMs = Annotated[int, typer.Option(help="Streaming chunk (multiple of 40 ms).
 LeftChunks = Annotated[int, typer.Option(help="Attention context, in chunks.")]
 
 
-JsonReport = Annotated[Path | None, typer.Option("--json", help="Also write JSON here.")]
+def unwritable(path: Path) -> str | None:
+    """Why a file can not be written at `path` (its missing folders made first), or None."""
+    if path.is_dir():
+        return "is a folder; expected a file path"
+    folder = path.parent
+    while not folder.exists():
+        folder = folder.parent
+    if not folder.is_dir():
+        return f"{folder} is not a folder"
+    if not os.access(folder, os.W_OK):
+        return f"cannot write in {folder}"
+    return None
+
+
+def exit_with_error(message: str) -> NoReturn:
+    """The error rule: one line on stderr, exit code 2."""
+    print(f"error: {message}", file=sys.stderr)
+    raise typer.Exit(2)
+
+
+def writable_file(option: str) -> Callable[[Path | None], Path | None]:
+    """A typer callback for an output file option, checked as the command line is parsed: a
+    benchmark or a training run must not run for minutes and then fail to write its result."""
+
+    def check(path: Path | None) -> Path | None:
+        problem = None if path is None else unwritable(path)
+        if problem:
+            exit_with_error(f"{option} {path}: {problem}")
+        return path
+
+    return check
+
+
+JsonReport = Annotated[
+    Path | None,
+    typer.Option("--json", help="Also write JSON here.", callback=writable_file("--json")),
+]
 
 
 AsrModelName = Annotated[str, typer.Option(help="'default' (bundled) or a model file.")]
@@ -105,10 +143,8 @@ def user_errors(command: Callable[P, R]) -> Callable[P, R]:
     def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
         try:
             return command(*args, **kwargs)
-        except (ValueError, FileNotFoundError) as err:
-            message = str(err).splitlines()[0] if str(err) else type(err).__name__
-            print(f"error: {message}", file=sys.stderr)
-            raise typer.Exit(2) from None
+        except (ValueError, OSError) as err:
+            exit_with_error(str(err).splitlines()[0] if str(err) else type(err).__name__)
 
     return wrapper
 
@@ -401,8 +437,11 @@ def write_report(report: object, json_path: Path | None) -> None:
     """Write a report as JSON when asked (`--json PATH`), its folder made if need be."""
     if json_path is None:
         return
-    json_path.parent.mkdir(parents=True, exist_ok=True)
-    json_path.write_text(json.dumps(report, indent=2, ensure_ascii=False) + "\n", "utf-8")
+    try:
+        json_path.parent.mkdir(parents=True, exist_ok=True)
+        json_path.write_text(json.dumps(report, indent=2, ensure_ascii=False) + "\n", "utf-8")
+    except OSError as err:  # e.g. a full disk, after the run: the table above has the results
+        raise ValueError(f"could not write {json_path}: {err.strerror or err}") from err
     stderr.print(f"wrote {json_path}")
 
 

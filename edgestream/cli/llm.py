@@ -33,6 +33,7 @@ from edgestream.cli.common import (
     training_progress,
     tree_shape,
     user_errors,
+    writable_file,
 )
 
 
@@ -320,7 +321,10 @@ def train_streams_command(
     out: Annotated[Path, typer.Option(help="Run folder: distilled data, checkpoints.")] = Path(
         "runs/streams-lossless"
     ),
-    export: Annotated[Path | None, typer.Option(help="Write final stream weights here.")] = None,
+    export: Annotated[
+        Path | None,
+        typer.Option(help="Write final stream weights here.", callback=writable_file("--export")),
+    ] = None,
     replay: ReplayRuns = None,
     prompts_per_task: PromptsPerTask = 300,
     skip_per_task: SkipPerTask = 0,
@@ -537,7 +541,10 @@ def train_draft_command(
     prompts: DistillPrompts = None,
     out: Annotated[Path, typer.Option(help="Run folder: checkpoints.")] = Path("runs/draft"),
     distilled: DistilledFrom = None,
-    export: Annotated[Path | None, typer.Option(help="Write final draft weights here.")] = None,
+    export: Annotated[
+        Path | None,
+        typer.Option(help="Write final draft weights here.", callback=writable_file("--export")),
+    ] = None,
     replay: ReplayRuns = None,
     prompts_per_task: PromptsPerTask = 300,
     max_new_tokens: DistilledLength = 128,
@@ -588,7 +595,10 @@ def train_medusa_command(
     prompts: DistillPrompts = None,
     out: Annotated[Path, typer.Option(help="Run folder: checkpoints.")] = Path("runs/medusa"),
     distilled: DistilledFrom = None,
-    export: Annotated[Path | None, typer.Option(help="Write final head weights here.")] = None,
+    export: Annotated[
+        Path | None,
+        typer.Option(help="Write final head weights here.", callback=writable_file("--export")),
+    ] = None,
     replay: ReplayRuns = None,
     prompts_per_task: PromptsPerTask = 300,
     max_new_tokens: DistilledLength = 128,
