@@ -96,7 +96,10 @@ def _bad_input_cases(tiny: Path, tmp: Path) -> list[tuple[list[str], str]]:
     long_prompt = " ".join(["the quick brown fox"] * 60)  # > 96 tokens, the tiny context
     adapter = tmp / "adapter.safetensors"
     adapter.write_bytes(b"refused before it is read")
+    not_audio = tmp / "notes.wav"
+    not_audio.write_text("not audio")
     return [
+        (["numerics", "activations", "--audio", str(not_audio)], "not a readable audio file"),
         (["generate", ""], "prompt is empty"),
         (["generate", "hi", "--model", "no-such-model"], "unknown model 'no-such-model'"),
         (["generate", "hi", "--model", str(tmp / "missing.gguf")], "does not exist"),

@@ -19,7 +19,8 @@ from collections.abc import Callable
 import torch
 from torch import Tensor, nn
 
-from edgestream.asr.features import compute_fbank, load_audio
+from edgestream.asr.audio import read_audio
+from edgestream.asr.features import compute_fbank
 from edgestream.asr.model_io import AsrModel
 from edgestream.llm.engine import generate_ar
 from edgestream.llm.loading import LanguageModel, load_hf
@@ -57,7 +58,7 @@ def conformer_norm_inputs(asr: AsrModel, audio: list[str]) -> dict[str, Tensor]:
 
     def run() -> None:
         for path in audio:
-            features = torch.from_numpy(asr.cmvn.normalize(compute_fbank(load_audio(path))))[None]
+            features = torch.from_numpy(asr.cmvn.normalize(compute_fbank(read_audio(path))))[None]
             asr.model(features, torch.tensor([features.shape[1]]))
 
     def role(name: str) -> str:  # "blocks.3.conv.depthwise_norm" -> "conformer/conv.depthwise_norm"

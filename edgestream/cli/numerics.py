@@ -47,6 +47,7 @@ def numerics_activations_command(
     """Norms on real activations (Conformer, SmolLM2) and SmolLM2 decoded in float16."""
     from rich.table import Table
 
+    from edgestream.asr.audio import read_audio
     from edgestream.asr.model_io import load_model
     from edgestream.bench.activations import activations_study
     from edgestream.bench.generate import DEFAULT_PROMPTS
@@ -55,9 +56,8 @@ def numerics_activations_command(
 
     sample = Path(__file__).parent / "asr/samples/why-is-the-sky-blue.wav"
     paths = [str(p) for p in (audio or [sample])]
-    for path in paths:
-        if not Path(path).is_file():
-            raise FileNotFoundError(f"no such audio file: {path}")
+    for path in paths:  # read once now: a bad file fails before two models load
+        read_audio(path)
     quiet_libraries()
     with stderr.status("capturing activations and decoding in float16"):
         study = activations_study(
