@@ -24,6 +24,7 @@ import hmac
 import json
 import threading
 import time
+import traceback
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -205,6 +206,10 @@ async def _answer_events(
             pass
         except ValueError as err:
             loop.call_soon_threadsafe(queue.put_nowait, ("error", str(err)))
+        except Exception as err:  # a bug must end the stream, not leave the client waiting
+            traceback.print_exc()  # for whoever runs the server
+            message = f"internal error ({type(err).__name__}); see the server's log"
+            loop.call_soon_threadsafe(queue.put_nowait, ("error", message))
 
     worker = threading.Thread(target=work, name="answer", daemon=True)
     worker.start()

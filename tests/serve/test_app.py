@@ -296,6 +296,20 @@ def test_answers_stream_token_by_token_and_ss_equals_ar(server: str, assistant: 
     assert answers["ar"]["new_tokens"] == answers["ss"]["new_tokens"] == direct.result.new_tokens
 
 
+def test_a_failing_decode_ends_the_answer_with_an_error_event(
+    server: str, assistant: object, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def broken(*args: object, **kwargs: object) -> object:
+        raise RuntimeError("a bug in the decoder")
+
+    monkeypatch.setattr(assistant, "answer", broken)  # a fault injected where a bug would be
+    response = httpx.post(f"http://{server}/api/generate", json={"prompt": "hi"}, timeout=60)
+    assert response.status_code == 200
+    assert _events(response) == [
+        ("error", {"message": "internal error (RuntimeError); see the server's log"})
+    ]
+
+
 @pytest.mark.parametrize(
     ("body", "status", "detail"),
     [
