@@ -22,6 +22,8 @@ import numpy as np
 import soundfile as sf
 import soxr
 
+from edgestream.asr.streaming import MAX_PEAK
+
 SAMPLE_RATE = 16_000
 STDIN = "-"  # as a path: the audio arrives on standard input
 PIPE_EXAMPLE = "arecord -f S16_LE -r 16000 | edgestream transcribe -"
@@ -126,9 +128,10 @@ def stream_audio(
     """Yield float32 mono 16 kHz blocks of `path` (`-`: standard input); fills `stats` as it
     goes.
 
-    Raises AudioError for NaN or infinite samples and for undecodable data. A truncated WAV is
-    read as far as it goes, and flagged in `stats`. Standard input is read until it ends, so a
-    live stream yields each block as soon as the recorder has written it."""
+    Raises AudioError for NaN or infinite samples, float samples far past full scale and for
+    undecodable data. A truncated WAV is read as far as it goes, and flagged in `stats`.
+    Standard input is read until it ends, so a live stream yields each block as soon as the
+    recorder has written it."""
     live = str(path) == STDIN
     name = "standard input" if live else str(path)
     with open_stdin() if live else open_audio(path) as handle:
@@ -153,6 +156,12 @@ def stream_audio(
             mono = samples.mean(axis=1, dtype=np.float32) if channels > 1 else samples[:, 0]
             if not np.all(np.isfinite(mono)):
                 raise AudioError(f"{name}: holds NaN or infinite samples near {read / rate:.1f} s")
+            peak = float(np.abs(mono).max()) if len(mono) else 0.0
+            if peak > MAX_PEAK:  # a float file scaled wrongly: its sound would be mostly clipping
+                raise AudioError(
+                    f"{name}: float samples reach {peak:g} near {read / rate:.1f} s, far past "
+                    "full scale (1.0); normalise the file first"
+                )
             if stats is not None:
                 stats._samples += len(mono)
                 stats._clipped += int(np.count_nonzero(np.abs(mono) >= CLIP_LEVEL))

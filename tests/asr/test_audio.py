@@ -51,6 +51,8 @@ def test_bad_files_are_refused_with_the_reason(tmp_path: Path) -> None:
     sf.write(headless, np.zeros(0, np.float32), 16_000)
     nan = tmp_path / "nan.wav"
     sf.write(nan, np.array([0.1, np.nan, 0.2] * 100, np.float32), 16_000, subtype="FLOAT")
+    loud = tmp_path / "loud.wav"  # float samples scaled as 16-bit integers
+    sf.write(loud, 3000 * _tone(0.5, 16_000), 16_000, subtype="FLOAT")
     for path, reason in [
         (tmp_path / "missing.wav", "no such file"),
         (tmp_path, "folder"),
@@ -58,6 +60,7 @@ def test_bad_files_are_refused_with_the_reason(tmp_path: Path) -> None:
         (text, "not a readable audio file"),
         (headless, "no audio samples"),
         (nan, "NaN"),
+        (loud, "far past full scale"),
     ]:
         with pytest.raises(AudioError, match=reason):
             read_audio(path)
