@@ -51,7 +51,9 @@ def generate_pld(
     """Prompt lookup decoding; the output is `generate_ar`'s (see `generate_ss`)."""
     if num_draft < 1 or max_ngram < 1:
         raise ValueError(f"expected num_draft, max_ngram >= 1, got {num_draft}, {max_ngram}")
-    budget = check_request(prompt_ids, max_new_tokens, model.config.max_position)
+    budget = check_request(
+        prompt_ids, max_new_tokens, model.config.max_position, model.config.vocab_size
+    )
     out = Emitter(budget, stop_ids, on_token)
     pick = TokenPicker(sampling)
     start = time.perf_counter()
@@ -92,7 +94,9 @@ def generate_medusa(
     One pass per tree: it verifies the tree the heads drafted from the last accepted node, and
     its final hidden state at the newly accepted node feeds the heads for the next tree.
     """
-    budget = check_request(prompt_ids, max_new_tokens, model.config.max_position)
+    budget = check_request(
+        prompt_ids, max_new_tokens, model.config.max_position, model.config.vocab_size
+    )
     out = Emitter(budget, stop_ids, on_token)
     pick = TokenPicker(sampling)
     k = max(shape.top_k)
@@ -141,7 +145,9 @@ def generate_draft(
     """
     if num_draft < 1:
         raise ValueError(f"num_draft must be >= 1, got {num_draft}")
-    budget = check_request(prompt_ids, max_new_tokens, model.config.max_position)
+    budget = check_request(
+        prompt_ids, max_new_tokens, model.config.max_position, model.config.vocab_size
+    )
     out = Emitter(budget, stop_ids, on_token)
     pick = TokenPicker(sampling)
     start = time.perf_counter()

@@ -16,6 +16,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
+from numbers import Integral
 
 import torch
 from torch import Tensor
@@ -110,10 +111,18 @@ class GenerationResult:
         return self.new_tokens / self.forward_passes if self.forward_passes else 0.0
 
 
-def check_request(prompt_ids: list[int], max_new_tokens: int, context_length: int) -> int:
+def check_request(
+    prompt_ids: list[int], max_new_tokens: int, context_length: int, vocab_size: int | None = None
+) -> int:
     """Validate a request; return how many new tokens fit in the context (<= max_new_tokens)."""
     if not prompt_ids:
         raise ValueError("the prompt is empty")
+    if vocab_size is not None:
+        bad = [t for t in prompt_ids if not isinstance(t, Integral) or not 0 <= t < vocab_size]
+        if bad:
+            raise ValueError(
+                f"prompt token ids must be integers in [0, {vocab_size}), got {bad[0]!r}"
+            )
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
     if len(prompt_ids) >= context_length:
@@ -133,7 +142,9 @@ def generate_ar(
     on_token: TokenCallback | None = None,
 ) -> GenerationResult:
     """Decode one token per forward pass until a stop token, max_new_tokens or the context end."""
-    budget = check_request(prompt_ids, max_new_tokens, model.config.max_position)
+    budget = check_request(
+        prompt_ids, max_new_tokens, model.config.max_position, model.config.vocab_size
+    )
     pick = TokenPicker(sampling)
     start = time.perf_counter()
     cache = model.new_cache(len(prompt_ids) + budget)
@@ -233,7 +244,9 @@ def generate_ss(
     if lookup_alone_ngram and not lookup_tokens:
         raise ValueError("lookup_alone_ngram needs lookup_tokens > 0")
     in_pass = placement == "all"
-    budget = check_request(prompt_ids, max_new_tokens, model.config.max_position)
+    budget = check_request(
+        prompt_ids, max_new_tokens, model.config.max_position, model.config.vocab_size
+    )
     out = Emitter(budget, stop_ids, on_token)
     pick = TokenPicker(sampling)
     k = max(shape.top_k)

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import numpy as np
 import pytest
 import torch
 
@@ -85,6 +88,22 @@ def test_streaming_callback_sees_every_token(ours: Transformer) -> None:
 def test_bad_requests_are_refused(prompt: list[int], max_new: int, match: str) -> None:
     with pytest.raises(ValueError, match=match):
         check_request(prompt, max_new, 64)
+
+
+@pytest.mark.parametrize("prompt", [[5, 300], [-1, 5], [2.0, 5], ["5"]])
+def test_token_ids_outside_the_vocabulary_are_refused(
+    prompt: list[object], tiny_model_dir: Path, tiny_streams: Path
+) -> None:
+    from edgestream.llm import MethodOptions, load_language_model, make_decoder
+
+    lm = load_language_model(str(tiny_model_dir))  # a vocabulary of 300
+    with pytest.raises(ValueError, match=r"token ids must be integers in \[0, 300\)"):
+        check_request(prompt, 5, 64, vocab_size=300)
+    options = MethodOptions(streams_path=tiny_streams)
+    for method in ("ar", "ss", "pld"):  # each decoder checks before it touches the model
+        with pytest.raises(ValueError, match="token ids must be integers"):
+            make_decoder(method, lm, options)(prompt, 5)
+    assert check_request([0, np.int64(299)], 5, 64, vocab_size=300) == 5  # numpy ints are ids
 
 
 @pytest.mark.parametrize(("temperature", "top_p"), [(-1.0, 1.0), (1.0, 0.0), (1.0, 1.5)])
