@@ -100,6 +100,7 @@ def _bad_input_cases(tiny: Path, tmp: Path) -> list[tuple[list[str], str]]:
     not_audio.write_text("not audio")
     return [
         (["numerics", "activations", "--audio", str(not_audio)], "not a readable audio file"),
+        (["asr", "lm", "--out", str(tmp / "lm.arpa"), "--order", "4"], "a --min-counts entry"),
         (["generate", ""], "prompt is empty"),
         (["generate", "hi", "--model", "no-such-model"], "unknown model 'no-such-model'"),
         (["generate", "hi", "--model", str(tmp / "missing.gguf")], "does not exist"),
@@ -150,6 +151,7 @@ def _unwritable_output_cases(tmp: Path) -> list[tuple[list[str], str]]:
         (["train", "medusa", "--export", str(a_file / "deeper" / "h.st")], "is not a folder"),
         (["train", "asr", "--manifest", "m.jsonl", "--export", str(folder)], "is a folder"),
         (["export", "asr", "--out", str(a_file / "onnx")], "cannot make the folder"),
+        (["asr", "lm", "--out", str(a_file / "lm.arpa")], "is not a folder"),
     ]
 
 

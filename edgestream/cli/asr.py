@@ -98,7 +98,13 @@ def asr_synth_command(
 @asr_app.command("lm")
 @user_errors
 def asr_lm_command(
-    out: Annotated[Path, typer.Option(help="ARPA file to write (.arpa, or .arpa.gz compressed).")],
+    out: Annotated[
+        Path,
+        typer.Option(
+            help="ARPA file to write (.arpa, or .arpa.gz compressed).",
+            callback=writable_file("--out"),
+        ),
+    ],
     text: Annotated[
         Path | None, typer.Option(help="Plain text to learn from (default: the task text).")
     ] = None,
@@ -122,6 +128,8 @@ def asr_lm_command(
         cutoffs = tuple(int(c) for c in min_counts.split(","))
     except ValueError:
         raise ValueError(f"--min-counts must be integers, got {min_counts!r}") from None
+    if order < 1 or len(cutoffs) < order:  # now, before the text is read
+        raise ValueError(f"--order must be >= 1 with a --min-counts entry per order, got {order}")
     sentences = text_sentences(text) if text is not None else lm_sentences(data)
     with stderr.status(f"counting {len(sentences)} sentences"):
         lm = train_ngram(sentences, order, cutoffs)
