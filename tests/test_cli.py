@@ -98,7 +98,11 @@ def _bad_input_cases(tiny: Path, tmp: Path) -> list[tuple[list[str], str]]:
     adapter.write_bytes(b"refused before it is read")
     not_audio = tmp / "notes.wav"
     not_audio.write_text("not audio")
+    manifest = tmp / "manifest.jsonl"
+    manifest.write_text("")
+    train_asr = ["train", "asr", "--manifest", str(manifest), "--dev", str(manifest)]
     return [
+        ([*train_asr, "--out", str(tmp / "run"), "--config", str(not_audio)], "is not JSON"),
         (["numerics", "activations", "--audio", str(not_audio)], "not a readable audio file"),
         (["asr", "lm", "--out", str(tmp / "lm.arpa"), "--order", "4"], "a --min-counts entry"),
         (["generate", ""], "prompt is empty"),

@@ -137,6 +137,19 @@ def asr_lm_command(
     stderr.print(f"wrote {out}: {lm.size} n-grams from {len(sentences)} sentences")
 
 
+def _read_config(path: Path) -> dict:
+    """`train asr --config`: a JSON object, or a ValueError naming the file and the problem."""
+    if not path.is_file():
+        raise ValueError(f"--config {path} does not exist")
+    try:
+        settings = json.loads(path.read_text("utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise ValueError(f"--config {path} is not JSON: {err}") from None
+    if not isinstance(settings, dict):
+        raise ValueError(f"--config {path} must hold a JSON object with 'model' and/or 'train'")
+    return settings
+
+
 @train_app.command("asr")
 @user_errors
 def train_asr_command(
@@ -169,7 +182,7 @@ def train_asr_command(
     for path in (*manifest, dev):
         if not path.is_file():
             raise FileNotFoundError(f"expected a manifest at {path}, found none")
-    settings = json.loads(config.read_text("utf-8")) if config is not None else {}
+    settings = _read_config(config) if config is not None else {}
     unknown = set(settings) - {"model", "train"}
     if unknown:
         raise ValueError(f"--config: unknown sections {sorted(unknown)}; expected model, train")
