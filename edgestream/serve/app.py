@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import json
+import socket
 import threading
 import time
 import traceback
@@ -312,9 +313,29 @@ async def _transcribe_stream(
         recognizer, shown, processing, sent_segments = assistant.recognizer(), "", 0.0, 0
 
 
-def run_server(assistant: Assistant, settings: ServerSettings, host: str, port: int) -> None:
-    """Serve until interrupted."""
-    make_server(assistant, settings, host, port).run()
+def listening_socket(host: str, port: int) -> socket.socket:
+    """A socket bound to host:port and listening. Made before the models load, so that a port
+    in use or an address this machine does not have fails at once, with a one-line reason."""
+    try:
+        family, kind, protocol, _, address = socket.getaddrinfo(
+            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )[0]
+    except socket.gaierror as err:
+        raise ValueError(f"cannot listen on {host}:{port}: {err.strerror}") from None
+    sock = socket.socket(family, kind, protocol)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds its own
+    try:
+        sock.bind(address)
+        sock.listen()
+    except OSError as err:
+        sock.close()
+        raise ValueError(f"cannot listen on {host}:{port}: {err.strerror}") from None
+    return sock
+
+
+def run_server(assistant: Assistant, settings: ServerSettings, sock: socket.socket) -> None:
+    """Serve on a `listening_socket` until interrupted."""
+    make_server(assistant, settings).run(sockets=[sock])
 
 
 def make_server(

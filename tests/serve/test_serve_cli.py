@@ -48,6 +48,20 @@ def test_serve_starts_answers_health_and_stops(tiny_model_dir: Path) -> None:
     assert "open http://127.0.0.1:" in proc.stderr.read()
 
 
+def test_serve_on_a_taken_port_says_so_before_loading_anything() -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        started = time.monotonic()
+        result = CliRunner().invoke(app, ["serve", "--port", str(port)])
+    assert result.exit_code == 2, result.output
+    assert result.stderr.strip() == (
+        f"error: cannot listen on 127.0.0.1:{port}: Address already in use"
+    )
+    assert time.monotonic() - started < 20  # the models (SmolLM2, the recognizer) never loaded
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
@@ -56,10 +70,12 @@ def test_serve_starts_answers_health_and_stops(tiny_model_dir: Path) -> None:
         (["--max-streams", "0"], "--max-streams must be at least 1"),
         (["--llm", "no-such-model"], "unknown model"),
         (["--endpoint-silence", "-1"], "--endpoint-silence must be positive"),
+        (["--host", "no-such-host.invalid"], "cannot listen on no-such-host.invalid"),
     ],
 )
 def test_serve_refuses_bad_options(args: list[str], message: str) -> None:
-    result = CliRunner().invoke(app, ["serve", *args])
+    port = [] if "--port" in args else ["--port", str(_free_port())]  # 8000 may be taken
+    result = CliRunner().invoke(app, ["serve", *args, *port])
     assert result.exit_code == 2, result.output
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], lines
