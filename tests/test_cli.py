@@ -169,6 +169,20 @@ def test_unwritable_outputs_fail_before_any_work(tmp_path: Path) -> None:
     assert (tmp_path / "a-file").read_text() == "kept"  # nothing the user gave is touched
 
 
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--format", "coreml", "--int8"], "--int8 is for ONNX"),
+        (["--model", "no-such-model"], "unknown ASR model"),
+    ],
+)
+def test_a_refused_export_makes_no_folder(tmp_path: Path, args: list[str], message: str) -> None:
+    out = tmp_path / "export"
+    result = runner.invoke(app, ["export", "asr", "--out", str(out), *args])
+    assert result.exit_code == 2 and message in result.stderr
+    assert not out.exists()
+
+
 def test_a_report_that_cannot_be_written_is_one_error(tmp_path: Path) -> None:
     from edgestream.cli.common import write_report
 

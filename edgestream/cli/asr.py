@@ -78,7 +78,7 @@ def asr_synth_command(
     if piper_fraction is not None:
         shares["piper_fraction"] = piper_fraction
     config = SynthConfig(**shares)
-    with Progress(console=stderr) as bar:
+    with Progress(console=stderr, transient=True) as bar:  # a refusal leaves its line alone
         task = bar.add_task("synthesising", total=None)
         summary = synthesize_corpus(
             out,
@@ -358,22 +358,22 @@ def export_asr_command(
     """Export the streaming step (a chunk and its caches in, log-probs and caches out)."""
     if format_ not in ("onnx", "coreml"):
         raise ValueError(f"unknown format {format_!r}: expected onnx or coreml")
+    if format_ == "coreml" and int8:
+        raise ValueError("--int8 is for ONNX; Core ML takes --fp16")
     from edgestream.asr.export import export_onnx, max_step_difference
     from edgestream.asr.model_io import load_model
 
     options = streaming_options(chunk_ms, left_chunks, 0, "none")
     if out.exists() and not out.is_dir():
         raise ValueError(f"--out {out} exists and is not a folder")
+    asr = load_model(model)  # a bad name fails before any folder is made
     try:
         out.mkdir(parents=True, exist_ok=True)  # now, not after the export
     except OSError as err:
         raise ValueError(f"--out {out}: cannot make the folder ({err.strerror})") from err
-    asr = load_model(model)
     if format_ == "coreml":
         from edgestream.asr.coreml import export_coreml
 
-        if int8:
-            raise ValueError("--int8 is for ONNX; Core ML takes --fp16")
         for precision in ("float32", *(["float16"] if fp16 else [])):
             with stderr.status(f"converting ({precision})"):
                 path = export_coreml(asr, out, options, precision)
