@@ -236,28 +236,29 @@ def serve(
     from edgestream.llm.loading import parse_precision
 
     parse_precision(dtype)
-    sock = listening_socket(host, port)  # a taken port fails now, not after the models load
-    with sock:  # closed too when loading fails
-        set_threads(threads)
-        quiet_libraries()
-        config = AssistantConfig(
-            asr_model=asr_model,
-            llm=llm,
-            dtype=dtype,
-            streams_path=streams,
-            streaming=streaming_options(640, 4, None, lm, endpoint_silence=endpoint_silence),
-            max_new_tokens=max_new_tokens,
-            rescore=rescore,
-            rescore_adapter=rescore_adapter,
-        )
-        assistant = Assistant.load(config)
-        methods = assistant.methods()  # loads the stream weights now, not on the first request
-        settings = ServerSettings(token=token, max_streams=max_streams)
-        page = f"http://{host}:{port}/" + ("?token=YOUR_TOKEN" if token else "")
-        stderr.print(f"answers with {', '.join(methods)}; open {page}")
-        if host not in ("127.0.0.1", "localhost", "::1") and token is None:
-            stderr.print("[bold]warning: listening beyond loopback without --token[/bold]")
-        run_server(assistant, settings, sock)
+    # A taken port fails now, not after the models load. Should loading fail, the command
+    # exits and the socket closes with it.
+    sock = listening_socket(host, port)
+    set_threads(threads)
+    quiet_libraries()
+    config = AssistantConfig(
+        asr_model=asr_model,
+        llm=llm,
+        dtype=dtype,
+        streams_path=streams,
+        streaming=streaming_options(640, 4, None, lm, endpoint_silence=endpoint_silence),
+        max_new_tokens=max_new_tokens,
+        rescore=rescore,
+        rescore_adapter=rescore_adapter,
+    )
+    assistant = Assistant.load(config)
+    methods = assistant.methods()  # loads the stream weights now, not on the first request
+    settings = ServerSettings(token=token, max_streams=max_streams)
+    page = f"http://{host}:{port}/" + ("?token=YOUR_TOKEN" if token else "")
+    stderr.print(f"answers with {', '.join(methods)}; open {page}")
+    if host not in ("127.0.0.1", "localhost", "::1") and token is None:
+        stderr.print("[bold]warning: listening beyond loopback without --token[/bold]")
+    run_server(assistant, settings, sock)
 
 
 @train_app.command("rescorer")
