@@ -20,7 +20,7 @@ from edgestream.asr.streaming import Recognizer, Segment, StreamingOptions, reco
 from edgestream.asr.transcribe import Transcript, transcribe_file
 from edgestream.assist.rescore import LlmRescorer, load_rescorer
 from edgestream.llm.engine import GenerationResult, TokenCallback
-from edgestream.llm.loading import LanguageModel, load_language_model
+from edgestream.llm.loading import LanguageModel, float_precision, load_language_model
 from edgestream.llm.methods import (
     Decoder,
     MethodOptions,
@@ -128,7 +128,7 @@ class Assistant:
         wants_copy = config.rescore and config.rescore_adapter != "none"
         if wants_copy and streaming.beam and streaming.rescorer is None:
             # An adapter's LoRA merges into float weights, which q4_1's 4-bit blocks are not.
-            dtype = "float32" if config.dtype == "q4_1" else config.dtype
+            dtype = float_precision(config.dtype)
             rescorer = load_rescorer(config.llm, dtype, config.rescore_adapter)
             config = replace(config, streaming=replace(streaming, rescorer=rescorer))
         return cls(asr, load_language_model(config.llm, config.dtype), config)

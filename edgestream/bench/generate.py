@@ -16,7 +16,13 @@ import torch
 
 from edgestream.bench.environment import machine_facts
 from edgestream.llm.engine import generate_ar
-from edgestream.llm.loading import engine_from_hf, load_hf, parse_dtype, resolve_model
+from edgestream.llm.loading import (
+    engine_from_hf,
+    float_precision,
+    load_hf,
+    parse_dtype,
+    resolve_model,
+)
 from edgestream.llm.model import Transformer
 
 # A fixed, varied set of chat prompts: facts, explanation, code, maths, list, rewrite, story.
@@ -66,7 +72,7 @@ class DtypeResult:
         ratios = [p.hf_seconds / p.ours_seconds for p in self.prompts]
         return {
             "dtype": self.dtype,
-            "transformers_dtype": transformers_dtype(self.dtype),
+            "transformers_dtype": float_precision(self.dtype),
             "ours_tokens_per_second": self.ours_tokens_per_second,
             "transformers_tokens_per_second": self.hf_tokens_per_second,
             "speedup": self.speedup,
@@ -77,11 +83,6 @@ class DtypeResult:
             "new_tokens": sum(p.new_tokens for p in self.prompts),
             "prompts": [asdict(p) for p in self.prompts],
         }
-
-
-def transformers_dtype(dtype: str) -> str:
-    """What transformers runs in next to our `dtype`: the same, but float32 for q4_1."""
-    return "float32" if dtype == "q4_1" else dtype
 
 
 def _chat_ids(tokenizer: object, prompt: str) -> list[int]:
@@ -128,7 +129,7 @@ def bench_dtype(
     Under q4_1 transformers runs in float32: it dequantises a GGUF and has no 4-bit CPU path,
     so float32 is what a transformers user gets from the same file.
     """
-    hf_model, tokenizer = load_hf(model_name, parse_dtype(transformers_dtype(dtype)))
+    hf_model, tokenizer = load_hf(model_name, parse_dtype(float_precision(dtype)))
     ours = engine_from_hf(hf_model, dtype, resolve_model(model_name))
     eos = tokenizer.eos_token_id
     timers = {"ours": (_time_ours, ours), "transformers": (_time_hf, hf_model)}

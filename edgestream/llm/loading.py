@@ -61,7 +61,13 @@ def parse_precision(name: str) -> torch.dtype:
     """The dtype of activations (and of weights not held in 4 bits) for an inference precision."""
     if name not in PRECISIONS:
         raise ValueError(f"unknown dtype {name!r}: expected one of {', '.join(PRECISIONS)}")
-    return torch.float32 if name == "q4_1" else DTYPES[name]
+    return DTYPES[float_precision(name)]
+
+
+def float_precision(name: str) -> str:
+    """The float dtype (a DTYPES name) that a precision's activations run in: q4_1's are
+    float32, so float32 is also where its weights go when they must stay float (a LoRA)."""
+    return "float32" if name == "q4_1" else name
 
 
 def training_dtype() -> str:
